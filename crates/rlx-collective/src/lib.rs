@@ -1,0 +1,1 @@
+//! `ProcessGroup` and the collective algorithms of RLX, written only against the `Transport` contract.

@@ -1,0 +1,163 @@
+//! The one error type of RLX transport, shared by every transport and by the collectives.
+//!
+//! Which errors leave a group unusable:
+//! - [`CollectiveError::PeerLost`], [`CollectiveError::Aborted`], [`CollectiveError::Protocol`] and
+//!   [`CollectiveError::Io`] mean a link is gone or cannot be trusted; every later operation that
+//!   needs that peer fails too. Build a new group.
+//! - [`CollectiveError::Timeout`] leaves the group usable only if the late peer never sends the
+//!   bytes of the timed-out operation; in practice treat it like a lost peer.
+//! - [`CollectiveError::LengthMismatch`], [`CollectiveError::InvalidArgument`],
+//!   [`CollectiveError::UnknownRank`], [`CollectiveError::OutOfBounds`] and
+//!   [`CollectiveError::Unsupported`] describe one call; the group stays usable for the next one.
+
+use std::time::Duration;
+
+/// Every failure of a transport or collective operation.
+///
+/// Messages are lowercase without a trailing period and name the peer rank where one is known.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CollectiveError {
+    /// A buffer or message had a different length than this operation requires, here or on a
+    /// peer (lengths in bytes unless the operation says otherwise).
+    #[error("length mismatch: expected {expected}, got {got}")]
+    LengthMismatch {
+        /// The length this rank expected.
+        expected: u64,
+        /// The length that was found.
+        got: u64,
+    },
+    /// A one-sided access fell outside the symmetric heap of `rank`.
+    #[error(
+        "out of bounds on rank {rank}: offset {offset} + len {len} exceeds heap size {heap_size}"
+    )]
+    OutOfBounds {
+        /// The rank whose heap was addressed.
+        rank: u32,
+        /// Offset of the access in bytes.
+        offset: u64,
+        /// Length of the access in bytes.
+        len: u64,
+        /// Size of that rank's heap in bytes.
+        heap_size: u64,
+    },
+    /// A rank number outside `0..world_size`.
+    #[error("unknown rank {rank} in a world of size {world_size}")]
+    UnknownRank {
+        /// The rank that was named.
+        rank: u32,
+        /// The size of the world it was checked against.
+        world_size: u32,
+    },
+    /// An operation waited longer than its deadline.
+    #[error("{op} timed out after {after:?} waiting for {}", peer_name(*peer))]
+    Timeout {
+        /// The peer that was awaited, when one peer was.
+        peer: Option<u32>,
+        /// The operation that waited (`"recv"`, `"all_reduce"`, `"connect"`...).
+        op: &'static str,
+        /// How long it waited.
+        after: Duration,
+    },
+    /// The connection to a peer closed, reset or the peer's process ended.
+    #[error("peer rank {peer} lost: {reason}")]
+    PeerLost {
+        /// The rank that is gone.
+        peer: u32,
+        /// What was observed (and the peer's address where known).
+        reason: String,
+    },
+    /// A peer reported that its side of this operation failed, so this side stops waiting.
+    #[error("peer rank {peer} failed this operation: {detail}")]
+    PeerFailed {
+        /// The rank that reported the failure.
+        peer: u32,
+        /// What the peer reported.
+        detail: String,
+    },
+    /// The transport was aborted with [`Transport::abort`](crate::Transport::abort).
+    #[error("transport aborted")]
+    Aborted,
+    /// Malformed, unexpected or hostile bytes arrived.
+    #[error("protocol error from {}: {detail}", peer_name(*peer))]
+    Protocol {
+        /// The peer that sent them, when known.
+        peer: Option<u32>,
+        /// What was wrong with them.
+        detail: String,
+    },
+    /// The transport or build cannot do this.
+    #[error("unsupported: {what}")]
+    Unsupported {
+        /// What was asked for.
+        what: String,
+    },
+    /// The caller passed an argument this operation refuses.
+    #[error("invalid argument: {what}")]
+    InvalidArgument {
+        /// Which argument and why.
+        what: String,
+    },
+    /// The configuration (environment, hostfile, builder) is missing or wrong.
+    #[error("configuration error: {what}")]
+    Config {
+        /// What is missing or wrong, naming the variable or file.
+        what: String,
+    },
+    /// An operating-system I/O call failed.
+    #[error("i/o error with {}: {source}", peer_name(*peer))]
+    Io {
+        /// The peer the I/O was for, when there was one.
+        peer: Option<u32>,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn peer_name(peer: Option<u32>) -> String {
+    match peer {
+        Some(rank) => format!("peer rank {rank}"),
+        None => "an unknown peer".to_owned(),
+    }
+}
+
+impl CollectiveError {
+    /// Shorthand for [`CollectiveError::InvalidArgument`].
+    pub fn invalid(what: impl Into<String>) -> Self {
+        Self::InvalidArgument { what: what.into() }
+    }
+
+    /// Shorthand for [`CollectiveError::Config`].
+    pub fn config(what: impl Into<String>) -> Self {
+        Self::Config { what: what.into() }
+    }
+
+    /// Shorthand for [`CollectiveError::Unsupported`].
+    pub fn unsupported(what: impl Into<String>) -> Self {
+        Self::Unsupported { what: what.into() }
+    }
+
+    /// Shorthand for [`CollectiveError::Protocol`].
+    pub fn protocol(peer: Option<u32>, detail: impl Into<String>) -> Self {
+        Self::Protocol {
+            peer,
+            detail: detail.into(),
+        }
+    }
+
+    /// Whether this error means the group can no longer be trusted (see the module docs).
+    pub fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            Self::PeerLost { .. }
+                | Self::Aborted
+                | Self::Protocol { .. }
+                | Self::Io { .. }
+                | Self::Timeout { .. }
+        )
+    }
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = CollectiveError> = std::result::Result<T, E>;

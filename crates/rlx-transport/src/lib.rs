@@ -1,0 +1,43 @@
+//! The contracts of RLX transport.
+//!
+//! - [`Transport`]: two-sided, tagged, matched message passing (FIFO per source and tag), with
+//!   deadlines, abort and lost-peer detection; every backend implements it and the collectives
+//!   in `rlx-collective` see nothing else.
+//! - [`CollectiveError`]: the one error type; [`DType`] and [`ReduceKind`]: what travels and how
+//!   it is combined; [`Tag`] and [`TAG_RESERVED_BASE`]: the tag space.
+//! - [`MemTransport`]: ranks as threads of one process, built on the shared [`Inbox`].
+//!
+//! This crate depends on no other crate of the workspace.
+//!
+//! # Examples
+//!
+//! ```
+//! use rlx_transport::{MemTransport, Transport};
+//!
+//! let world = MemTransport::fan_out(4);
+//! let threads: Vec<_> = world
+//!     .into_iter()
+//!     .map(|t| std::thread::spawn(move || t.barrier()))
+//!     .collect();
+//! for t in threads {
+//!     t.join().unwrap()?;
+//! }
+//! # Ok::<(), rlx_transport::CollectiveError>(())
+//! ```
+
+mod dtype;
+mod error;
+pub mod inbox;
+mod mem;
+mod sync;
+mod tag;
+mod transport;
+
+pub use dtype::{DType, ReduceKind, negotiate_reduce_dtype};
+pub use error::{CollectiveError, Result};
+pub use inbox::Inbox;
+pub use mem::MemTransport;
+pub use tag::{TAG_RESERVED_BASE, TRANSPORT_GROUP, Tag};
+pub use transport::{
+    DEFAULT_OP_TIMEOUT, FAILURE_WIRE_LEN, Failure, NativeCollectives, NativeOp, Transport,
+};

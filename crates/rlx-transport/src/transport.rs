@@ -1,0 +1,264 @@
+//! The two-sided [`Transport`] contract that every backend implements and that the collectives
+//! are written against, plus the [`Failure`] notices and the [`NativeCollectives`] hook.
+
+use std::time::Duration;
+
+use crate::{CollectiveError, DType, ReduceKind, Result, TRANSPORT_GROUP, Tag};
+
+/// The default operation timeout: how long a blocking receive waits before it fails with
+/// [`CollectiveError::Timeout`] (spec: 300 s, `RLX_TIMEOUT_MS` overrides in the launchers).
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Two-sided, tagged, matched message passing between the ranks of one world.
+///
+/// Semantics every implementation keeps:
+/// - A message is matched by `(source rank, tag)`; messages from one source with one tag arrive
+///   in send order (FIFO). Messages with other tags never satisfy the receive.
+/// - A send returns once the bytes are handed over; the caller's buffers may be reused at once.
+/// - The length of a message comes from the wire and is never trusted beyond the
+///   implementation's frame cap.
+/// - Every blocking call ends: with data, with its deadline, with [`CollectiveError::PeerLost`]
+///   when the peer is gone, or with [`CollectiveError::Aborted`] after [`Transport::abort`].
+///
+/// Implementors provide the `*_message` methods on full 64-bit [`Tag`]s; the `*_bytes` methods
+/// are the user-facing point-to-point API on `u32` tags and refuse the reserved tag range.
+pub trait Transport: Send + Sync {
+    /// This process's rank, in `0..world_size()`.
+    fn rank(&self) -> u32;
+
+    /// Number of ranks in the world.
+    fn world_size(&self) -> u32;
+
+    /// Sends the concatenation of `parts` as one message to `to` under `tag`. Returns once the
+    /// bytes are handed to the transport (they may still be in flight).
+    fn send_message(&self, to: u32, tag: Tag, parts: &[&[u8]]) -> Result<()>;
+
+    /// Waits up to `timeout` for the next message from `from` under `tag` and returns it, or
+    /// `Ok(None)` when the deadline passes first. A zero timeout polls.
+    fn recv_message(&self, from: u32, tag: Tag, timeout: Duration) -> Result<Option<Vec<u8>>>;
+
+    /// Like [`Transport::recv_message`], but lands the message in `buf` and returns its length.
+    /// A message longer than `buf` fails with [`CollectiveError::LengthMismatch`] (and is
+    /// consumed). Transports override this to receive without allocating.
+    fn recv_message_into(
+        &self,
+        from: u32,
+        tag: Tag,
+        buf: &mut [u8],
+        timeout: Duration,
+    ) -> Result<Option<usize>> {
+        let Some(message) = self.recv_message(from, tag, timeout)? else {
+            return Ok(None);
+        };
+        let capacity = buf.len() as u64;
+        let dst = buf
+            .get_mut(..message.len())
+            .ok_or(CollectiveError::LengthMismatch {
+                expected: capacity,
+                got: message.len() as u64,
+            })?;
+        dst.copy_from_slice(&message);
+        Ok(Some(message.len()))
+    }
+
+    /// Tells `to` that this rank's part of the operation under `tag` failed, so that `to`'s next
+    /// receive from this rank under `tag` fails with the matching error instead of waiting for
+    /// data that will never come. The default does nothing (peers then rely on their timeout).
+    fn send_failure(&self, to: u32, tag: Tag, failure: Failure) -> Result<()> {
+        let _ = (to, tag, failure);
+        Ok(())
+    }
+
+    /// How long blocking calls without an explicit deadline wait ([`DEFAULT_OP_TIMEOUT`] unless
+    /// the transport was configured otherwise).
+    fn op_timeout(&self) -> Duration {
+        DEFAULT_OP_TIMEOUT
+    }
+
+    /// Wakes every blocked call on this transport with [`CollectiveError::Aborted`] and makes
+    /// every later call fail the same way. Idempotent.
+    fn abort(&self) {}
+
+    /// Collectives the backend runs natively (MLX's `all_sum`, ...), if any. `ProcessGroup` uses
+    /// them for the world group where they meet its semantics.
+    fn native_collectives(&self) -> Option<&dyn NativeCollectives> {
+        None
+    }
+
+    /// Sends `data` to `to` under the user tag `tag` (below [`crate::TAG_RESERVED_BASE`]).
+    fn send_bytes(&self, to: u32, tag: u32, data: &[u8]) -> Result<()> {
+        self.send_message(to, Tag::user(tag)?, &[data])
+    }
+
+    /// Receives the next message from `from` under the user tag `tag`, waiting at most
+    /// [`Transport::op_timeout`].
+    fn recv_bytes(&self, from: u32, tag: u32) -> Result<Vec<u8>> {
+        let after = self.op_timeout();
+        self.recv_message(from, Tag::user(tag)?, after)?
+            .ok_or(CollectiveError::Timeout {
+                peer: Some(from),
+                op: "recv",
+                after,
+            })
+    }
+
+    /// Receives the next message from `from` under the user tag `tag`, or `Ok(None)` after
+    /// `timeout`.
+    fn recv_bytes_timeout(
+        &self,
+        from: u32,
+        tag: u32,
+        timeout: Duration,
+    ) -> Result<Option<Vec<u8>>> {
+        self.recv_message(from, Tag::user(tag)?, timeout)
+    }
+
+    /// Blocks until every rank of the world has entered the barrier.
+    ///
+    /// The default is a dissemination barrier (⌈log2 n⌉ rounds of one send and one receive) on
+    /// the transport's reserved group. It needs no sequence numbers: FIFO order per
+    /// `(source, tag)` keeps consecutive barriers apart.
+    fn barrier(&self) -> Result<()> {
+        let n = self.world_size();
+        let rank = self.rank();
+        let timeout = self.op_timeout();
+        let mut distance = 1u32;
+        let mut round = 0u16;
+        while distance < n {
+            let to = (rank + distance) % n;
+            let from = (rank + n - distance) % n;
+            let tag = Tag::op(TRANSPORT_GROUP, 0, round);
+            self.send_message(to, tag, &[])?;
+            if self.recv_message(from, tag, timeout)?.is_none() {
+                return Err(CollectiveError::Timeout {
+                    peer: Some(from),
+                    op: "barrier",
+                    after: timeout,
+                });
+            }
+            distance = distance.saturating_mul(2);
+            round += 1;
+        }
+        Ok(())
+    }
+}
+
+/// A notice that a rank's part of an operation failed, sent with [`Transport::send_failure`] so
+/// that peers fail fast with an error that says why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Failure {
+    /// The sender found a length that did not match its own.
+    LengthMismatch {
+        /// The length the sender expected.
+        expected: u64,
+        /// The length the sender found.
+        got: u64,
+    },
+    /// The sender's operation failed for another reason (a lost peer, a timeout, ...).
+    Failed,
+}
+
+/// Encoded size of a [`Failure`] on the wire.
+pub const FAILURE_WIRE_LEN: usize = 17;
+
+impl Failure {
+    /// The failure as 17 bytes (kind, then two little-endian `u64`s).
+    pub fn encode(self) -> [u8; FAILURE_WIRE_LEN] {
+        let (kind, a, b) = match self {
+            Failure::LengthMismatch { expected, got } => (1u8, expected, got),
+            Failure::Failed => (2u8, 0, 0),
+        };
+        let mut out = [0u8; FAILURE_WIRE_LEN];
+        out[0] = kind;
+        out[1..9].copy_from_slice(&a.to_le_bytes());
+        out[9..17].copy_from_slice(&b.to_le_bytes());
+        out
+    }
+
+    /// Decodes [`Failure::encode`]'s bytes received from `peer`.
+    pub fn decode(peer: u32, bytes: &[u8]) -> Result<Failure> {
+        let bad = || CollectiveError::protocol(Some(peer), "malformed failure notice");
+        let bytes: &[u8; FAILURE_WIRE_LEN] = bytes.try_into().map_err(|_| bad())?;
+        let mut a = [0u8; 8];
+        let mut b = [0u8; 8];
+        a.copy_from_slice(&bytes[1..9]);
+        b.copy_from_slice(&bytes[9..17]);
+        match bytes[0] {
+            1 => Ok(Failure::LengthMismatch {
+                expected: u64::from_le_bytes(a),
+                got: u64::from_le_bytes(b),
+            }),
+            2 => Ok(Failure::Failed),
+            _ => Err(bad()),
+        }
+    }
+
+    /// The error a receiver returns when it finds this notice from `peer`.
+    pub fn into_error(self, peer: u32) -> CollectiveError {
+        match self {
+            Failure::LengthMismatch { expected, got } => {
+                CollectiveError::LengthMismatch { expected, got }
+            }
+            Failure::Failed => CollectiveError::PeerFailed {
+                peer,
+                detail: "its side of the operation failed".to_owned(),
+            },
+        }
+    }
+}
+
+/// Which native collective [`NativeCollectives::supports`] is asked about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NativeOp {
+    /// In-place all-reduce.
+    AllReduce,
+    /// All-gather in rank order.
+    AllGather,
+    /// Reduce-scatter into equal blocks.
+    ReduceScatter,
+}
+
+/// Collectives a backend runs itself over the whole world (MLX's `all_sum`, `all_gather`,
+/// `sum_scatter`). Buffers are raw little-endian elements of `dtype`.
+pub trait NativeCollectives: Send + Sync {
+    /// Whether `op` on `dtype` with `reduce` (none for gathers) runs natively with RLX's
+    /// semantics; when false the caller uses its own algorithms.
+    fn supports(&self, op: NativeOp, dtype: DType, reduce: Option<ReduceKind>) -> bool;
+
+    /// In-place all-reduce of `data` over the world.
+    fn all_reduce(&self, data: &mut [u8], dtype: DType, reduce: ReduceKind) -> Result<()>;
+
+    /// Gathers every rank's `local` into `out` (world_size × `local.len()` bytes, rank order).
+    fn all_gather(&self, local: &[u8], out: &mut [u8], dtype: DType) -> Result<()>;
+
+    /// Reduces `input` (world_size equal blocks) and leaves this rank's block in `out`.
+    fn reduce_scatter(
+        &self,
+        input: &[u8],
+        out: &mut [u8],
+        dtype: DType,
+        reduce: ReduceKind,
+    ) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_round_trips() {
+        for f in [
+            Failure::LengthMismatch {
+                expected: 7,
+                got: u64::MAX,
+            },
+            Failure::Failed,
+        ] {
+            assert_eq!(Failure::decode(3, &f.encode()).unwrap(), f);
+        }
+        assert!(Failure::decode(3, &[9u8; FAILURE_WIRE_LEN]).is_err());
+        assert!(Failure::decode(3, &[1u8; 4]).is_err());
+    }
+}
