@@ -3,7 +3,7 @@
 use clap::Args;
 
 use crate::cmd::{cargo, run_step};
-use crate::loom;
+use crate::{bench, cluster, loom};
 
 /// Flags of `cargo xtask ci`.
 #[derive(Debug, Args)]
@@ -38,6 +38,10 @@ pub(crate) fn run(args: &CiArgs) -> Result<(), String> {
             "rlx-collective/thunderbolt",
         ]),
     )?;
+    eprintln!("\n==> test-cluster: 3 ranks over TCP, the quick case list");
+    cluster::run(&cluster::ClusterArgs::ci()).map_err(|e| format!("test-cluster: {e}"))?;
+    eprintln!("\n==> bench smoke: every operation, dtype and reduction, small sizes, #wrong only");
+    bench::run(&bench::BenchArgs::smoke()).map_err(|e| format!("bench smoke: {e}"))?;
     if !args.no_loom {
         loom::run(&loom::LoomArgs { preemptions: 2 })?;
     }

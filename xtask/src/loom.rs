@@ -14,7 +14,11 @@ pub(crate) struct LoomArgs {
 }
 
 /// The crates that carry loom models, with the test targets that hold them.
-const MODELS: &[(&str, &str)] = &[("rlx-transport", "loom_inbox")];
+const MODELS: &[(&str, &str)] = &[
+    ("rlx-transport", "loom_inbox"),
+    ("rlx-transport", "loom_heap"),
+    ("rlx-net", "loom_progress"),
+];
 
 /// Runs every loom model at the given preemption bound.
 pub(crate) fn run(args: &LoomArgs) -> Result<(), String> {

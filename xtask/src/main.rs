@@ -1,9 +1,15 @@
 //! `cargo xtask`: the project's automation. `ci` is exactly what CI runs; `loom` runs the model
-//! checks; `test-cluster` and `bench` launch real multi-process jobs.
+//! checks; `test-cluster` and `bench` launch real multi-process jobs, whose ranks are this same
+//! binary re-executed with a hidden subcommand.
 
+mod bench;
 mod ci;
+mod cluster;
 mod cmd;
+mod launch;
 mod loom;
+mod netns;
+mod world;
 
 use std::process::ExitCode;
 
@@ -18,10 +24,23 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Everything CI runs: fmt check, clippy -D warnings, tests, a short cluster run, loom.
+    /// Everything CI runs: fmt check, clippy -D warnings, tests, a short cluster run, a bench
+    /// smoke sweep, loom.
     Ci(ci::CiArgs),
     /// Loom model checks under `--cfg rlx_loom`.
     Loom(loom::LoomArgs),
+    /// A local multi-rank cluster running every collective on every dtype and reduction over
+    /// awkward sizes, checked against a serial reference.
+    TestCluster(cluster::ClusterArgs),
+    /// An nccl-tests style sweep (busbw, #wrong), optionally side by side with Open MPI, Gloo
+    /// and MLX.
+    Bench(bench::BenchArgs),
+    /// One test-cluster rank (started by test-cluster).
+    #[command(name = "__rank", hide = true)]
+    Rank(cluster::worker::RankArgs),
+    /// One bench rank (started by bench).
+    #[command(name = "__bench-rank", hide = true)]
+    BenchRank(bench::worker::BenchRankArgs),
 }
 
 fn main() -> ExitCode {
@@ -29,6 +48,10 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Ci(args) => ci::run(&args),
         Command::Loom(args) => loom::run(&args),
+        Command::TestCluster(args) => cluster::run(&args),
+        Command::Bench(args) => bench::run(&args),
+        Command::Rank(args) => cluster::worker::run(&args),
+        Command::BenchRank(args) => bench::worker::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

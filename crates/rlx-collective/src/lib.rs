@@ -1,1 +1,101 @@
-//! `ProcessGroup` and the collective algorithms of RLX, written only against the `Transport` contract.
+//! `ProcessGroup` and the collective algorithms of RLX, written only against the
+//! [`Transport`] contract.
+//!
+//! - [`ProcessGroup`]: all-reduce, reduce, reduce-scatter, all-gather, gather, scatter,
+//!   broadcast, all-to-all, barrier, point-to-point, non-blocking `spawn_*` variants,
+//!   federated averaging and `split`, for `f32` slices and for raw little-endian buffers of
+//!   every [`DType`] (the `*_typed` methods).
+//! - One file per algorithm (`all_reduce/ring.rs`, `all_reduce/recursive_doubling.rs`,
+//!   `all_gather/{ring,bruck}.rs`, `broadcast/{binomial,chain}.rs`, ...), chosen by
+//!   [`select`] unless [`ProcessGroup::set_algorithm`] forces one.
+//! - [`conformance`]: the check suite (every collective × dtype × reduction × awkward size
+//!   against a serial reference) that tests and `cargo xtask test-cluster` run on a group.
+//! - [`init()`]: the world group from the environment on the compiled-in backend.
+//!
+//! The contracts of `rlx-transport` are re-exported, so `use rlx_collective::*` suffices.
+//!
+//! # Errors
+//!
+//! Every operation returns [`CollectiveError`]. When one rank's part of a collective fails, it
+//! sends a failure notice to every other member under the operation's tag, so their next
+//! receive of that operation fails at once: a rank passing another length makes the ranks
+//! that depend on it fail with [`CollectiveError::LengthMismatch`] (all of them for
+//! all-reduce and all-gather, whose every result depends on every rank), not hang.
+//! Length, argument and rank errors leave the group usable for the next operation; lost
+//! peers, timeouts and aborts do not (see [`CollectiveError::is_fatal`]).
+//!
+//! # Transport assumption
+//!
+//! The pipelined algorithms send one segment (at most 1 MiB, 256 KiB below 64 MiB buffers)
+//! to a neighbour and then receive one from the other side, so a transport must accept a
+//! send of one segment per peer without waiting for the peer to post its receive (as
+//! `MemTransport` does and socket transports do with their kernel buffers and inbox).
+//!
+//! # Examples
+//!
+//! ```
+//! use std::sync::Arc;
+//! use rlx_collective::*;
+//!
+//! let handles: Vec<_> = MemTransport::fan_out(4)
+//!     .into_iter()
+//!     .map(|t| {
+//!         std::thread::spawn(move || -> Result<Vec<f32>, CollectiveError> {
+//!             let group = ProcessGroup::new(t as Arc<dyn Transport>);
+//!             let mut grads = vec![group.rank() as f32; 3];
+//!             group.all_reduce(&mut grads, ReduceKind::Mean)?;
+//!             Ok(grads)
+//!         })
+//!     })
+//!     .collect();
+//! for h in handles {
+//!     assert_eq!(h.join().unwrap()?, vec![1.5; 3]);
+//! }
+//! # Ok::<(), CollectiveError>(())
+//! ```
+
+// The f32 wrappers view `&[f32]` as little-endian bytes in place; on a big-endian target
+// that view would put the wrong bytes on the wire.
+#[cfg(target_endian = "big")]
+compile_error!("rlx-collective supports little-endian targets only");
+
+mod all_gather;
+mod all_reduce;
+mod all_to_all;
+mod barrier;
+mod broadcast;
+pub mod conformance;
+mod federated;
+mod gather;
+mod group;
+mod handle;
+mod init;
+mod kernels;
+mod layout;
+mod op;
+mod reduce;
+mod reduce_scatter;
+mod scatter;
+pub mod select;
+mod split;
+
+pub use group::{ProcessGroup, WORLD_GROUP_ID};
+pub use handle::{AllReduceHandle, CollectiveHandle};
+pub use init::{BACKEND_VAR, compiled_backends, init};
+pub use rlx_transport::{
+    CollectiveError, DEFAULT_OP_TIMEOUT, DType, FAILURE_WIRE_LEN, Failure, Inbox, MemTransport,
+    NativeCollectives, NativeOp, ReduceKind, Result, TAG_RESERVED_BASE, TRANSPORT_GROUP, Tag,
+    Transport, negotiate_reduce_dtype,
+};
+pub use select::{Algorithm, CollectiveOp};
+
+/// Checks that a buffer of `len` bytes is a whole number of `dtype` elements.
+pub(crate) fn check_dtype_len(len: usize, dtype: DType) -> Result<()> {
+    if len % dtype.size() != 0 {
+        return Err(CollectiveError::invalid(format!(
+            "buffer of {len} bytes is not a whole number of {dtype} elements ({} bytes each)",
+            dtype.size()
+        )));
+    }
+    Ok(())
+}

@@ -1,1 +1,49 @@
-//! MLX backend for RLX (`MlxTransport`), delegating to MLX's distributed module through a C++ shim, will live here.
+//! MLX backend for RLX: [`MlxTransport`] runs RLX's [`Transport`](rlx_transport::Transport)
+//! contract and native collectives on MLX's distributed module (`ring`, `jaccl`, `mpi`)
+//! through a small C++ shim (`shim/rlx_mlx_shim.cpp`).
+//!
+//! The shim and libmlx are built and linked only with the `mlx` feature (off by default);
+//! `build.rs` finds MLX through `MLX_DIR` or the `mlx` Python package
+//! (`pip install "mlx[cpu]"`). Without the feature the crate builds anywhere and
+//! [`MlxTransport::init`] reports [`CollectiveError::Unsupported`](rlx_transport::CollectiveError).
+//!
+//! Layout: `ffi` holds the raw `extern "C"` block and the owned handles, `transport` the
+//! safe [`MlxTransport`] and `progress` the threads behind it; `frame` (message headers), `backend` (backend choice and
+//! routing) and `native` (precision rules of the native collectives) are plain code that is
+//! tested without MLX.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use rlx_mlx_ffi::{Backend, MlxTransport};
+//! use rlx_transport::{DType, ReduceKind, Transport};
+//!
+//! let t = MlxTransport::init(Backend::Ring)?;
+//! let mut data: Vec<u8> = 1.0f32.to_le_bytes().repeat(4);
+//! if let Some(native) = t.native_collectives() {
+//!     native.all_reduce(&mut data, DType::F32, ReduceKind::Sum)?;
+//! }
+//! # Ok::<(), rlx_transport::CollectiveError>(())
+//! ```
+
+mod backend;
+#[cfg(feature = "mlx")]
+mod ffi;
+#[cfg(any(feature = "mlx", test))]
+mod frame;
+#[cfg(any(feature = "mlx", test))]
+mod native;
+#[cfg(feature = "mlx")]
+mod progress;
+#[cfg(feature = "mlx")]
+mod sync;
+#[cfg(feature = "mlx")]
+mod transport;
+#[cfg(not(feature = "mlx"))]
+mod unavailable;
+
+pub use backend::Backend;
+#[cfg(feature = "mlx")]
+pub use transport::{MAX_MESSAGE_LEN, MlxTransport, is_available};
+#[cfg(not(feature = "mlx"))]
+pub use unavailable::{MlxTransport, is_available};

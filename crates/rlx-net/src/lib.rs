@@ -1,1 +1,51 @@
-//! TCP transport for RLX (`TcpTransport`): rendezvous, handshake, framing, progress, timeouts and failure detection will live here.
+//! The portable TCP transport of RLX: [`TcpTransport`].
+//!
+//! Layout (the same file names serve every socket transport of the workspace):
+//! - `frame.rs`: the frame header (64-bit lengths, frame cap, kinds), pure functions;
+//! - `handshake.rs`: magic, version, job id, rank, world size, optional HMAC, pure functions;
+//! - `bootstrap.rs`: listeners, the rank-0 rendezvous store, connecting with backoff and
+//!   accepting with a deadline;
+//! - `matching.rs`: the matching state machine (posted receives, arriving and unexpected
+//!   messages, backpressure budget, lost peers), no I/O;
+//! - `progress.rs`: the engine that reads and writes the sockets on the calling threads;
+//! - `error.rs`: how failures map onto `CollectiveError`;
+//! - `transport.rs`: [`TcpTransport`], its builder and the [`Transport`] methods.
+//!
+//! The launch environment (`RLX_RANK`, torchrun's, Open MPI's, PMI's and Slurm's variables,
+//! hostfiles, `RLX_SOCKET_IFNAME`, `RLX_TIMEOUT_MS`, `RLX_JOB_SECRET`, `RLX_JOB_ID`,
+//! `RLX_SOCKETS_PER_PEER`, `RLX_MAX_FRAME_BYTES`) is parsed by [`rlx_transport::bootstrap`],
+//! shared with the Thunderbolt transport; [`TcpTransport::from_env`] also reads `RLX_SPIN_US`
+//! (see [`TcpTransportBuilder::spin`]).
+//!
+//! Errors: a peer that closes, crashes or resets fails every operation that needs it with
+//! [`CollectiveError::PeerLost`] naming its rank and address; bytes that break the protocol give
+//! [`CollectiveError::Protocol`]; a deadline gives [`CollectiveError::Timeout`] (a send that
+//! times out mid-message also makes the peer lost, since its link is then unusable); a bad
+//! environment gives [`CollectiveError::Config`]; a refused handshake is a `Config` error on
+//! the side that was refused and a line on stderr on the side that refused.
+//!
+//! [`CollectiveError::PeerLost`]: rlx_transport::CollectiveError::PeerLost
+//! [`CollectiveError::Protocol`]: rlx_transport::CollectiveError::Protocol
+//! [`CollectiveError::Timeout`]: rlx_transport::CollectiveError::Timeout
+//! [`CollectiveError::Config`]: rlx_transport::CollectiveError::Config
+//!
+//! [`Transport`]: rlx_transport::Transport
+
+mod bootstrap;
+mod error;
+mod frame;
+mod handshake;
+mod matching;
+mod progress;
+mod sync;
+mod transport;
+
+#[cfg(rlx_loom)]
+#[doc(hidden)]
+pub mod model;
+
+pub use bootstrap::SocketRole;
+pub use transport::{
+    DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_UNEXPECTED_BYTES, DEFAULT_MIN_STRIPED_BYTES, TcpTransport,
+    TcpTransportBuilder,
+};

@@ -6,6 +6,8 @@
 //! - [`CollectiveError`]: the one error type; [`DType`] and [`ReduceKind`]: what travels and how
 //!   it is combined; [`Tag`] and [`TAG_RESERVED_BASE`]: the tag space.
 //! - [`MemTransport`]: ranks as threads of one process, built on the shared [`Inbox`].
+//! - [`SymmetricTransport`] (module [`symmetric`]): one-sided put/get/atomics on a symmetric
+//!   heap, provided for any transport by [`Symmetric`].
 //!
 //! This crate depends on no other crate of the workspace.
 //!
@@ -25,18 +27,23 @@
 //! # Ok::<(), rlx_transport::CollectiveError>(())
 //! ```
 
+pub mod bootstrap;
 mod dtype;
 mod error;
+pub mod ifname;
 pub mod inbox;
 mod mem;
+pub mod symmetric;
 mod sync;
 mod tag;
 mod transport;
 
+pub use bootstrap::{LaunchEnv, Rendezvous};
 pub use dtype::{DType, ReduceKind, negotiate_reduce_dtype};
 pub use error::{CollectiveError, Result};
 pub use inbox::Inbox;
 pub use mem::MemTransport;
+pub use symmetric::{Region, Symmetric, SymmetricTransport};
 pub use tag::{TAG_RESERVED_BASE, TRANSPORT_GROUP, Tag};
 pub use transport::{
     DEFAULT_OP_TIMEOUT, FAILURE_WIRE_LEN, Failure, NativeCollectives, NativeOp, Transport,

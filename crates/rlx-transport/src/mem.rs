@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::inbox::{Delivery, Inbox};
+use crate::symmetric::Symmetric;
 use crate::{CollectiveError, DEFAULT_OP_TIMEOUT, Failure, Result, Tag, Transport};
 
 struct MemWorld {
@@ -70,6 +71,28 @@ impl MemTransport {
                     op_timeout,
                 })
             })
+            .collect()
+    }
+
+    /// A world of `world` ranks with a symmetric heap of `heap_size` bytes on each, so that
+    /// one-sided code ([`SymmetricTransport`](crate::SymmetricTransport)) runs on threads too.
+    /// Each rank's heap service runs on threads of its own (two per peer).
+    pub fn fan_out_symmetric(
+        world: u32,
+        heap_size: u64,
+    ) -> Result<Vec<Arc<Symmetric<MemTransport>>>> {
+        Self::fan_out_symmetric_with_timeout(world, heap_size, DEFAULT_OP_TIMEOUT)
+    }
+
+    /// [`MemTransport::fan_out_symmetric`] with an operation timeout.
+    pub fn fan_out_symmetric_with_timeout(
+        world: u32,
+        heap_size: u64,
+        op_timeout: Duration,
+    ) -> Result<Vec<Arc<Symmetric<MemTransport>>>> {
+        Self::fan_out_with_timeout(world, op_timeout)
+            .into_iter()
+            .map(|rank| Symmetric::new(rank, heap_size).map(Arc::new))
             .collect()
     }
 

@@ -9,6 +9,14 @@ pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 #[cfg(rlx_loom)]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
 
+// The symmetric heap stores its words as atomics so that remote puts and local reads may overlap
+// without undefined behaviour; loom must see those accesses too.
+#[cfg(not(rlx_loom))]
+pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+
+#[cfg(rlx_loom)]
+pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
+
 /// Locks `mutex`, recovering the guard if another thread panicked while holding it: the state
 /// guarded here stays consistent at every unlock, so a poisoned lock carries no torn data.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -21,7 +21,9 @@ use crate::CollectiveError;
 /// tag at or above it fail with [`CollectiveError::InvalidArgument`].
 pub const TAG_RESERVED_BASE: u32 = 0xFFF0_0000;
 
-/// The group id reserved for the transport's own traffic (the default [`barrier`]).
+/// The group id reserved for the transport's own traffic. Its sequence numbers are assigned
+/// once, here: 0 is the default [`barrier`], 1 the symmetric heap's request/response service,
+/// 2 the heap's collective `alloc`/`free` agreement.
 ///
 /// [`barrier`]: crate::Transport::barrier
 pub const TRANSPORT_GROUP: u16 = 0xFFFF;

@@ -1,8 +1,10 @@
 //! The two-sided [`Transport`] contract that every backend implements and that the collectives
-//! are written against, plus the [`Failure`] notices and the [`NativeCollectives`] hook.
+//! are written against, plus the [`Failure`] notices and the capability hooks
+//! ([`NativeCollectives`], and [`SymmetricOps`] for transports with a symmetric heap).
 
 use std::time::Duration;
 
+use crate::symmetric::{Cmp, Completion, Region, Signal, SymmetricHeap, SymmetricTransport};
 use crate::{CollectiveError, DType, ReduceKind, Result, TRANSPORT_GROUP, Tag};
 
 /// The default operation timeout: how long a blocking receive waits before it fails with
@@ -82,6 +84,14 @@ pub trait Transport: Send + Sync {
     /// Collectives the backend runs natively (MLX's `all_sum`, ...), if any. `ProcessGroup` uses
     /// them for the world group where they meet its semantics.
     fn native_collectives(&self) -> Option<&dyn NativeCollectives> {
+        None
+    }
+
+    /// The transport's symmetric heap, when it has one: the one-sided operations that code
+    /// holding only a `dyn Transport` (such as `ProcessGroup`) can use. A transport that
+    /// implements [`SymmetricTransport`] overrides this to return itself; the default, `None`,
+    /// means "two-sided only".
+    fn symmetric(&self) -> Option<&dyn SymmetricOps> {
         None
     }
 
@@ -243,6 +253,93 @@ pub trait NativeCollectives: Send + Sync {
     ) -> Result<()>;
 }
 
+/// The dyn-compatible part of [`SymmetricTransport`], returned by [`Transport::symmetric`].
+///
+/// `SymmetricTransport` cannot be a trait object (its non-blocking handles are associated
+/// types), so this trait offers what one-sided algorithms need without them: blocking and
+/// detached puts with a signal, waiting on a local signal word, `quiet`, and the collective
+/// `alloc`/`free`. Every `SymmetricTransport` implements it; the methods mean
+/// exactly what the `SymmetricTransport` methods of the same names mean.
+///
+/// It is exported from [`crate::symmetric`] only, not from the crate root, because a value
+/// whose type implements both traits would make calls such as `alloc` ambiguous wherever both
+/// are imported.
+pub trait SymmetricOps: Send + Sync {
+    /// This rank's heap, for local reads of data that peers put (after the `wait_until` that
+    /// orders it).
+    fn heap(&self) -> &SymmetricHeap;
+
+    /// Collective: see [`SymmetricTransport::alloc`].
+    fn alloc(&self, len: u64) -> Result<Region>;
+
+    /// Collective: see [`SymmetricTransport::free`].
+    fn free(&self, region: Region) -> Result<()>;
+
+    /// Writes `data` into `rank`'s heap at `offset`, then applies `signal` there; returns once
+    /// the target applied both.
+    fn put_signal(&self, rank: u32, offset: u64, data: &[u8], signal: Signal) -> Result<()>;
+
+    /// Starts [`SymmetricOps::put_signal`] without waiting for it: `data` may be reused at
+    /// once, and a failure that is not known yet is reported by the next
+    /// [`SymmetricOps::quiet`].
+    fn put_signal_detached(
+        &self,
+        rank: u32,
+        offset: u64,
+        data: &[u8],
+        signal: Signal,
+    ) -> Result<()>;
+
+    /// See [`SymmetricTransport::quiet`]: waits until every put issued so far was applied.
+    fn quiet(&self) -> Result<()>;
+
+    /// See [`SymmetricTransport::wait_until`].
+    fn wait_until(&self, offset: u64, cmp: Cmp, value: u64, timeout: Duration) -> Result<u64>;
+}
+
+impl<S: SymmetricTransport> SymmetricOps for S {
+    fn heap(&self) -> &SymmetricHeap {
+        SymmetricTransport::heap(self)
+    }
+
+    fn alloc(&self, len: u64) -> Result<Region> {
+        SymmetricTransport::alloc(self, len)
+    }
+
+    fn free(&self, region: Region) -> Result<()> {
+        SymmetricTransport::free(self, region)
+    }
+
+    fn put_signal(&self, rank: u32, offset: u64, data: &[u8], signal: Signal) -> Result<()> {
+        SymmetricTransport::put_signal(self, rank, offset, data, signal)
+    }
+
+    fn put_signal_detached(
+        &self,
+        rank: u32,
+        offset: u64,
+        data: &[u8],
+        signal: Signal,
+    ) -> Result<()> {
+        let handle = SymmetricTransport::put_signal_nbi(self, rank, offset, data, signal)?;
+        // A handle that already holds its result (a put to this rank's own heap, or a fast
+        // peer) reports it now; the others report through `quiet` once dropped.
+        if handle.is_done() {
+            handle.wait()
+        } else {
+            Ok(())
+        }
+    }
+
+    fn quiet(&self) -> Result<()> {
+        SymmetricTransport::quiet(self)
+    }
+
+    fn wait_until(&self, offset: u64, cmp: Cmp, value: u64, timeout: Duration) -> Result<u64> {
+        SymmetricTransport::wait_until(self, offset, cmp, value, timeout)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,5 +357,42 @@ mod tests {
         }
         assert!(Failure::decode(3, &[9u8; FAILURE_WIRE_LEN]).is_err());
         assert!(Failure::decode(3, &[1u8; 4]).is_err());
+    }
+
+    #[cfg(not(rlx_loom))]
+    #[test]
+    fn only_transports_with_a_heap_offer_symmetric_ops() {
+        use crate::symmetric::{Cmp, Signal};
+        use crate::{MemTransport, Symmetric};
+
+        let plain: std::sync::Arc<dyn Transport> = MemTransport::fan_out(1).remove(0);
+        assert!(plain.symmetric().is_none());
+
+        let with_heap: std::sync::Arc<Symmetric<MemTransport>> =
+            MemTransport::fan_out_symmetric(1, 256).unwrap().remove(0);
+        let as_dyn: std::sync::Arc<dyn Transport> = with_heap;
+        let ops = as_dyn
+            .symmetric()
+            .expect("a symmetric transport offers its heap");
+        let region = ops.alloc(64).unwrap();
+        let flag = region.offset();
+        let data = region.at(8, 3).unwrap();
+        ops.put_signal_detached(0, data, b"abc", Signal::set(flag, 7))
+            .unwrap();
+        assert_eq!(
+            ops.wait_until(flag, Cmp::Ge, 7, Duration::from_secs(5))
+                .unwrap(),
+            7
+        );
+        let mut got = [0u8; 3];
+        ops.heap().read(data, &mut got).unwrap();
+        assert_eq!(&got, b"abc");
+        // Out of bounds is refused at once for a put to this rank's own heap.
+        assert!(
+            ops.put_signal_detached(0, u64::MAX - 1, b"x", Signal::set(flag, 8))
+                .is_err()
+        );
+        ops.quiet().unwrap();
+        ops.free(region).unwrap();
     }
 }

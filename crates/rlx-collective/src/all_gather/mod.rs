@@ -1,0 +1,51 @@
+//! All-gather: every rank ends with every rank's buffer, in rank order. All ranks must pass
+//! the same length.
+
+pub(crate) mod bruck;
+pub(crate) mod ring;
+
+use crate::layout::{self, Blocks};
+use crate::op::OpCtx;
+use crate::select::Algorithm;
+use crate::{CollectiveError, DType, NativeOp, Result};
+
+/// Gathers the `dtype` elements of `local` from every rank into `out` (n × `local.len()`
+/// bytes).
+pub(crate) fn run(ctx: &OpCtx<'_>, local: &[u8], out: &mut [u8], dtype: DType) -> Result<()> {
+    crate::check_dtype_len(local.len(), dtype)?;
+    let n = ctx.size() as usize;
+    let total = out.len();
+    if local.len() as u128 * n as u128 != total as u128 {
+        return Err(CollectiveError::invalid(format!(
+            "all_gather output holds {total} bytes, expected {n} ranks × {} bytes",
+            local.len()
+        )));
+    }
+    if n == 1 {
+        out.copy_from_slice(local);
+        return Ok(());
+    }
+    if let Some(native) = ctx.native() {
+        if native.supports(NativeOp::AllGather, dtype, None) {
+            return native.all_gather(local, out, dtype);
+        }
+    }
+    match ctx.settings.all_gather(total) {
+        Algorithm::Bruck => bruck::run(ctx, local, out)?,
+        Algorithm::Ring => {
+            let esize = dtype.size();
+            let blocks = Blocks::Equal {
+                len: local.len() / esize,
+            };
+            out[layout::bytes(blocks.block(ctx.rank as usize), esize)].copy_from_slice(local);
+            let segment_bytes = ctx.settings.segment_bytes(total, esize);
+            ring::run(ctx, out, esize, blocks, segment_bytes)?;
+        }
+        other => {
+            return Err(CollectiveError::invalid(format!(
+                "algorithm {other} does not apply to all_gather"
+            )));
+        }
+    }
+    Ok(())
+}

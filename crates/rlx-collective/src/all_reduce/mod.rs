@@ -1,0 +1,61 @@
+//! All-reduce: every rank ends with the bit-identical reduction of every rank's buffer.
+//!
+//! [`run`] validates, takes the native path when the backend offers one for the world group,
+//! and otherwise runs the algorithm the selector in [`crate::select`] picks.
+
+pub(crate) mod one_sided;
+pub(crate) mod recursive_doubling;
+pub(crate) mod ring;
+
+use crate::op::OpCtx;
+use crate::select::Algorithm;
+use crate::{CollectiveError, DType, NativeOp, ReduceKind, Result, kernels};
+use one_sided::OneSided;
+
+/// All-reduces the `dtype` elements of `data` in place. `one_sided` is the group's one-sided
+/// state; the operation's place in its queue (if it has one) is released however this returns.
+pub(crate) fn run(
+    ctx: &OpCtx<'_>,
+    one_sided: &OneSided,
+    data: &mut [u8],
+    dtype: DType,
+    reduce: ReduceKind,
+) -> Result<()> {
+    let _registration = one_sided.registration(ctx.tag().seq());
+    let n = ctx.size();
+    // The one-sided path takes its turn and its heap region (a collective allocation at first
+    // use) before anything that can fail on one rank only.
+    let prepared = if n > 1 && ctx.settings.all_reduce == Algorithm::OneSidedRing {
+        Some(one_sided::prepare(ctx, one_sided)?)
+    } else {
+        None
+    };
+    crate::check_dtype_len(data.len(), dtype)?;
+    kernels::wide_size(dtype)?;
+    if n == 1 {
+        return Ok(());
+    }
+    if let Some(native) = ctx.native() {
+        if native.supports(NativeOp::AllReduce, dtype, Some(reduce)) {
+            return native.all_reduce(data, dtype, reduce);
+        }
+    }
+    match ctx.settings.all_reduce(data.len(), n) {
+        Algorithm::RecursiveDoubling => recursive_doubling::run(ctx, data, dtype, reduce),
+        Algorithm::Ring => {
+            let segment_bytes = ctx.settings.segment_bytes(data.len(), dtype.size());
+            ring::run(ctx, data, dtype, reduce, segment_bytes)
+        }
+        Algorithm::OneSidedRing => {
+            let prepared = match prepared {
+                Some(prepared) => prepared,
+                None => one_sided::prepare(ctx, one_sided)?,
+            };
+            let segment_bytes = ctx.settings.segment_bytes(data.len(), dtype.size());
+            one_sided::run(ctx, prepared, data, dtype, reduce, segment_bytes)
+        }
+        other => Err(CollectiveError::invalid(format!(
+            "algorithm {other} does not apply to all_reduce"
+        ))),
+    }
+}

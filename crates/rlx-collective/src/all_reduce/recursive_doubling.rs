@@ -1,0 +1,60 @@
+//! Latency-optimal all-reduce for small buffers: recursive doubling, with the usual fold for a
+//! world that is not a power of two.
+//!
+//! With p the largest power of two not above n and rem = n - p, the first 2·rem ranks pair up:
+//! each even one hands its buffer to its odd neighbour and waits for the result. The p
+//! remaining ranks then exchange whole accumulators with partner `v XOR 2^k` for k in
+//! 0..log2 p. Both partners of an exchange combine the same two operands, and the combine is
+//! commutative bit for bit, so all p ranks hold the same accumulator; they narrow it
+//! identically and the odd ranks pass the narrow result back to their even neighbours.
+
+use crate::op::OpCtx;
+use crate::{DType, ReduceKind, Result, kernels};
+
+/// All-reduces `data` in place over at least two ranks.
+pub(crate) fn run(
+    ctx: &OpCtx<'_>,
+    data: &mut [u8],
+    dtype: DType,
+    reduce: ReduceKind,
+) -> Result<()> {
+    let n = ctx.size();
+    let r = ctx.rank;
+    let wsize = kernels::wide_size(dtype)?;
+    let wide_len = data.len() / dtype.size() * wsize;
+    let pof2 = 1u32 << (31 - n.leading_zeros());
+    let rem = n - pof2;
+
+    let mut acc = vec![0u8; wide_len];
+    kernels::widen(dtype, data, &mut acc)?;
+    let mut incoming = vec![0u8; wide_len];
+
+    // The fold: even ranks below 2·rem sit out the exchange.
+    let virtual_rank = if r < 2 * rem {
+        if r % 2 == 0 {
+            ctx.send(r + 1, &acc)?;
+            ctx.recv_into(r + 1, data)?;
+            return Ok(());
+        }
+        ctx.recv_into(r - 1, &mut incoming)?;
+        kernels::accumulate_wide(dtype, reduce, &mut acc, &incoming)?;
+        r / 2
+    } else {
+        r - rem
+    };
+    let real_rank = |v: u32| if v < rem { 2 * v + 1 } else { v + rem };
+
+    let mut mask = 1u32;
+    while mask < pof2 {
+        let partner = real_rank(virtual_rank ^ mask);
+        ctx.send(partner, &acc)?;
+        ctx.recv_into(partner, &mut incoming)?;
+        kernels::accumulate_wide(dtype, reduce, &mut acc, &incoming)?;
+        mask <<= 1;
+    }
+    kernels::finish(dtype, reduce, n, &acc, data)?;
+    if r < 2 * rem {
+        ctx.send(r - 1, data)?;
+    }
+    Ok(())
+}

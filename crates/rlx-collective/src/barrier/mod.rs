@@ -1,0 +1,3 @@
+//! Barrier: no rank leaves before every rank arrived.
+
+pub(crate) mod dissemination;

@@ -1,0 +1,28 @@
+//! Broadcast: every rank ends with the root's buffer. All ranks pass the same length.
+
+pub(crate) mod binomial;
+pub(crate) mod chain;
+
+use crate::op::OpCtx;
+use crate::select::Algorithm;
+use crate::{CollectiveError, DType, Result};
+
+/// Broadcasts the root's `data` (elements of `dtype`) into every rank's `data`.
+pub(crate) fn run(ctx: &OpCtx<'_>, root: u32, data: &mut [u8], dtype: DType) -> Result<()> {
+    crate::check_dtype_len(data.len(), dtype)?;
+    ctx.check_root(root)?;
+    let n = ctx.size();
+    if n == 1 {
+        return Ok(());
+    }
+    match ctx.settings.broadcast(data.len(), n) {
+        Algorithm::BinomialTree => binomial::run(ctx, root, data),
+        Algorithm::PipelinedChain => {
+            let segment_bytes = ctx.settings.segment_bytes(data.len(), dtype.size());
+            chain::run(ctx, root, data, dtype.size(), segment_bytes)
+        }
+        other => Err(CollectiveError::invalid(format!(
+            "algorithm {other} does not apply to broadcast"
+        ))),
+    }
+}

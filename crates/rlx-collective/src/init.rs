@@ -1,0 +1,129 @@
+//! [`init`]: a [`ProcessGroup`] from the environment, on the backend the Cargo features
+//! compiled in and `RLX_BACKEND` selects.
+
+use crate::{CollectiveError, ProcessGroup, Result};
+
+/// The environment variable that picks the backend: `tcp`, `tb` or `mlx`.
+pub const BACKEND_VAR: &str = "RLX_BACKEND";
+
+/// The backends compiled into this build, by their `RLX_BACKEND` names.
+pub fn compiled_backends() -> Vec<&'static str> {
+    let mut names = Vec::new();
+    if cfg!(feature = "tcp") {
+        names.push("tcp");
+    }
+    if cfg!(feature = "thunderbolt") {
+        names.push("tb");
+    }
+    if cfg!(feature = "mlx") {
+        names.push("mlx");
+    }
+    names
+}
+
+/// Builds the world group from the environment (rank, world size, addresses: see the
+/// backend's documentation, e.g. `RLX_RANK`, `RLX_WORLD_SIZE`, `RLX_MASTER_ADDR`).
+///
+/// `RLX_BACKEND` chooses among the compiled-in backends (`tcp`, `tb`, `mlx`); without it the
+/// only compiled backend is used, or `tcp` when there are several. Naming a backend that was
+/// not compiled in is a [`CollectiveError::Config`] error that says which Cargo feature to
+/// enable.
+///
+/// # Examples
+///
+/// ```no_run
+/// // Launched as one of several processes, e.g. with RLX_RANK, RLX_WORLD_SIZE and
+/// // RLX_MASTER_ADDR/RLX_MASTER_PORT set by the launcher.
+/// let group = rlx_collective::init()?;
+/// let mut grads = vec![1.0f32; 1024];
+/// group.all_reduce(&mut grads, rlx_collective::ReduceKind::Mean)?;
+/// # Ok::<(), rlx_collective::CollectiveError>(())
+/// ```
+pub fn init() -> Result<ProcessGroup> {
+    let requested = std::env::var(BACKEND_VAR).ok();
+    let name = match requested.as_deref().map(str::trim) {
+        Some(name) if !name.is_empty() => name.to_ascii_lowercase(),
+        _ => default_backend().to_owned(),
+    };
+    init_backend(&name)
+}
+
+fn default_backend() -> &'static str {
+    match compiled_backends().as_slice() {
+        [only] => only,
+        _ => "tcp",
+    }
+}
+
+fn not_compiled(name: &str, feature: &str) -> CollectiveError {
+    CollectiveError::config(format!(
+        "{BACKEND_VAR}={name} but rlx-collective was built without that backend; enable the \
+         `{feature}` feature of rlx-collective (compiled in: {:?})",
+        compiled_backends()
+    ))
+}
+
+fn init_backend(name: &str) -> Result<ProcessGroup> {
+    match name {
+        "tcp" => init_tcp(),
+        "tb" | "thunderbolt" => init_tb(),
+        "mlx" => init_mlx(),
+        other => Err(CollectiveError::config(format!(
+            "{BACKEND_VAR}={other:?} is not a backend (expected tcp, tb or mlx)"
+        ))),
+    }
+}
+
+#[cfg(feature = "tcp")]
+fn init_tcp() -> Result<ProcessGroup> {
+    let transport = rlx_net::TcpTransport::from_env()?;
+    Ok(ProcessGroup::new(std::sync::Arc::new(transport)))
+}
+
+#[cfg(not(feature = "tcp"))]
+fn init_tcp() -> Result<ProcessGroup> {
+    Err(not_compiled("tcp", "tcp"))
+}
+
+#[cfg(feature = "thunderbolt")]
+fn init_tb() -> Result<ProcessGroup> {
+    let transport = rlx_tb::ThunderboltTransport::from_env()?;
+    Ok(ProcessGroup::new(std::sync::Arc::new(transport)))
+}
+
+#[cfg(not(feature = "thunderbolt"))]
+fn init_tb() -> Result<ProcessGroup> {
+    Err(not_compiled("tb", "thunderbolt"))
+}
+
+#[cfg(feature = "mlx")]
+fn init_mlx() -> Result<ProcessGroup> {
+    let transport = rlx_mlx_ffi::MlxTransport::from_env()?;
+    Ok(ProcessGroup::new(std::sync::Arc::new(transport)))
+}
+
+#[cfg(not(feature = "mlx"))]
+fn init_mlx() -> Result<ProcessGroup> {
+    Err(not_compiled("mlx", "mlx"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_and_missing_backends_are_config_errors() {
+        assert!(matches!(
+            init_backend("carrier-pigeon"),
+            Err(CollectiveError::Config { .. })
+        ));
+        if !cfg!(feature = "mlx") {
+            let err = init_backend("mlx").unwrap_err();
+            assert!(err.to_string().contains("`mlx` feature"), "{err}");
+        }
+        if !cfg!(feature = "tcp") {
+            let err = init_backend("tcp").unwrap_err();
+            assert!(err.to_string().contains("`tcp` feature"), "{err}");
+        }
+    }
+}

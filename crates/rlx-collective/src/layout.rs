@@ -1,0 +1,112 @@
+//! Chunk arithmetic shared by the algorithms: how a buffer splits into per-rank blocks and how
+//! a block splits into pipeline segments. Plain functions, so the schedules can be tested
+//! without a transport.
+//!
+//! Every rank computes the same split from the same element count; a rank with a different
+//! count computes different message lengths, which its peers see as a length mismatch.
+
+use std::ops::Range;
+
+/// The `index`-th of `parts` near-equal pieces of `0..count` (the first pieces are the shorter
+/// ones when `count` does not divide evenly).
+pub(crate) fn balanced(count: usize, parts: usize, index: usize) -> Range<usize> {
+    let parts = parts.max(1) as u128;
+    let at = |i: usize| ((i as u128 * count as u128) / parts) as usize;
+    at(index)..at(index + 1)
+}
+
+/// How a buffer is cut into one block per rank, in elements.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Blocks {
+    /// `count` elements split into `parts` near-equal blocks (all-reduce, reduce-scatter).
+    Balanced {
+        /// Total elements.
+        count: usize,
+        /// Number of blocks (the group size).
+        parts: usize,
+    },
+    /// `parts` blocks of exactly `len` elements each (all-gather, all-to-all).
+    Equal {
+        /// Elements per block.
+        len: usize,
+    },
+}
+
+impl Blocks {
+    /// Element range of block `index`.
+    pub(crate) fn block(&self, index: usize) -> Range<usize> {
+        match *self {
+            Blocks::Balanced { count, parts } => balanced(count, parts, index),
+            Blocks::Equal { len } => index * len..(index + 1) * len,
+        }
+    }
+
+    /// The longest block, in elements.
+    pub(crate) fn max_len(&self) -> usize {
+        match *self {
+            Blocks::Balanced { count, parts } => count.div_ceil(parts.max(1)),
+            Blocks::Equal { len } => len,
+        }
+    }
+
+    /// Element range of segment `segment` of `segments` inside block `index`.
+    pub(crate) fn segment(&self, index: usize, segments: usize, segment: usize) -> Range<usize> {
+        let block = self.block(index);
+        let within = balanced(block.len(), segments, segment);
+        block.start + within.start..block.start + within.end
+    }
+}
+
+/// Number of pipeline segments for blocks of at most `max_block_elems` elements when one
+/// segment may hold `segment_elems` elements (always at least 1, so empty buffers still take
+/// part in the schedule and length checks).
+pub(crate) fn segment_count(max_block_elems: usize, segment_elems: usize) -> usize {
+    max_block_elems.div_ceil(segment_elems.max(1)).max(1)
+}
+
+/// Byte range of an element range.
+pub(crate) fn bytes(range: Range<usize>, elem_size: usize) -> Range<usize> {
+    range.start * elem_size..range.end * elem_size
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn balanced_blocks_cover_everything_once() {
+        for count in [0usize, 1, 2, 7, 13, 1000] {
+            for parts in 1..=9usize {
+                let mut next = 0;
+                for i in 0..parts {
+                    let r = balanced(count, parts, i);
+                    assert_eq!(r.start, next);
+                    assert!(r.len() <= count.div_ceil(parts));
+                    next = r.end;
+                }
+                assert_eq!(next, count);
+            }
+        }
+    }
+
+    #[test]
+    fn segments_tile_a_block() {
+        let blocks = Blocks::Balanced {
+            count: 1001,
+            parts: 4,
+        };
+        let s = segment_count(blocks.max_len(), 60);
+        assert_eq!(s, 5);
+        for b in 0..4 {
+            let mut next = blocks.block(b).start;
+            for j in 0..s {
+                let r = blocks.segment(b, s, j);
+                assert_eq!(r.start, next);
+                assert!(r.len() <= 60);
+                next = r.end;
+            }
+            assert_eq!(next, blocks.block(b).end);
+        }
+        assert_eq!(segment_count(0, 10), 1);
+    }
+}

@@ -1,0 +1,172 @@
+//! One issued collective operation: its tag, its members and the checked send/receive
+//! primitives every algorithm is written with.
+//!
+//! Ranks here are group ranks; [`OpCtx`] maps them to the transport's world ranks. Every
+//! receive is exact (a message of another length is a [`CollectiveError::LengthMismatch`]) and
+//! bounded by the transport's operation timeout. When an algorithm fails,
+//! [`OpCtx::notify_failure`] tells every other member under the operation's tag, so that their
+//! next receive of this operation fails at once instead of waiting out the timeout.
+
+use std::time::Duration;
+
+use crate::select::Settings;
+use crate::{CollectiveError, Failure, NativeCollectives, Result, Tag, Transport};
+
+/// The context of one collective operation on one rank.
+pub(crate) struct OpCtx<'a> {
+    pub(crate) transport: &'a dyn Transport,
+    members: &'a [u32],
+    /// This rank's index in the group.
+    pub(crate) rank: u32,
+    /// Whether the group is the whole world (native collectives apply only then).
+    is_world: bool,
+    group: u16,
+    seq: u32,
+    tag: Tag,
+    timeout: Duration,
+    /// The operation's name, for errors (`"all_reduce"`...).
+    pub(crate) name: &'static str,
+    /// The group's settings as of the issue point.
+    pub(crate) settings: Settings,
+}
+
+/// What [`OpCtx::new`] needs besides the transport and the members.
+#[derive(Clone, Copy)]
+pub(crate) struct OpId {
+    pub(crate) group: u16,
+    pub(crate) seq: u32,
+    pub(crate) rank: u32,
+    pub(crate) is_world: bool,
+    pub(crate) name: &'static str,
+    pub(crate) settings: Settings,
+}
+
+impl<'a> OpCtx<'a> {
+    pub(crate) fn new(transport: &'a dyn Transport, members: &'a [u32], id: OpId) -> Self {
+        OpCtx {
+            transport,
+            members,
+            rank: id.rank,
+            is_world: id.is_world,
+            group: id.group,
+            seq: id.seq,
+            tag: Tag::op(id.group, id.seq, 0),
+            timeout: transport.op_timeout(),
+            name: id.name,
+            settings: id.settings,
+        }
+    }
+
+    /// The same operation on another phase (a second channel, e.g. the result of a federated
+    /// round, which must not be confused with contributions).
+    pub(crate) fn phase(&self, phase: u16) -> OpCtx<'a> {
+        OpCtx {
+            tag: Tag::op(self.group, self.seq, phase),
+            settings: self.settings,
+            ..*self
+        }
+    }
+
+    /// Number of ranks in the group.
+    pub(crate) fn size(&self) -> u32 {
+        self.members.len() as u32
+    }
+
+    /// The operation's tag (phase 0 unless made with [`OpCtx::phase`]).
+    pub(crate) fn tag(&self) -> Tag {
+        self.tag
+    }
+
+    /// The transport's operation timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Native collectives, when the transport has them and this group is the world.
+    pub(crate) fn native(&self) -> Option<&'a dyn NativeCollectives> {
+        if self.is_world {
+            self.transport.native_collectives()
+        } else {
+            None
+        }
+    }
+
+    /// The world rank of group rank `rank`.
+    pub(crate) fn world_rank(&self, rank: u32) -> Result<u32> {
+        self.members
+            .get(rank as usize)
+            .copied()
+            .ok_or(CollectiveError::UnknownRank {
+                rank,
+                world_size: self.size(),
+            })
+    }
+
+    /// Checks that `root` names a member.
+    pub(crate) fn check_root(&self, root: u32) -> Result<()> {
+        self.world_rank(root).map(|_| ())
+    }
+
+    /// Sends `bytes` to group rank `to` under this operation's tag.
+    pub(crate) fn send(&self, to: u32, bytes: &[u8]) -> Result<()> {
+        self.transport
+            .send_message(self.world_rank(to)?, self.tag, &[bytes])
+    }
+
+    /// Sends the concatenation of `parts` to group rank `to`.
+    pub(crate) fn send_parts(&self, to: u32, parts: &[&[u8]]) -> Result<()> {
+        self.transport
+            .send_message(self.world_rank(to)?, self.tag, parts)
+    }
+
+    /// Receives the next message of this operation from group rank `from` into `buf`, which it
+    /// must fill exactly.
+    pub(crate) fn recv_into(&self, from: u32, buf: &mut [u8]) -> Result<()> {
+        let peer = self.world_rank(from)?;
+        match self
+            .transport
+            .recv_message_into(peer, self.tag, buf, self.timeout)?
+        {
+            Some(got) if got == buf.len() => Ok(()),
+            Some(got) => Err(CollectiveError::LengthMismatch {
+                expected: buf.len() as u64,
+                got: got as u64,
+            }),
+            None => Err(self.timed_out(peer, self.timeout)),
+        }
+    }
+
+    /// Receives the next message of this operation from group rank `from`, whatever its
+    /// length, or `Ok(None)` after `timeout`.
+    pub(crate) fn recv_within(&self, from: u32, timeout: Duration) -> Result<Option<Vec<u8>>> {
+        let peer = self.world_rank(from)?;
+        self.transport.recv_message(peer, self.tag, timeout)
+    }
+
+    /// The timeout error for waiting on world rank `peer`.
+    pub(crate) fn timed_out(&self, peer: u32, after: Duration) -> CollectiveError {
+        CollectiveError::Timeout {
+            peer: Some(peer),
+            op: self.name,
+            after,
+        }
+    }
+
+    /// Tells every other member that this rank's part failed with `error` (best effort: a
+    /// member that cannot be told is already failing on its own).
+    pub(crate) fn notify_failure(&self, error: &CollectiveError) {
+        let failure = match *error {
+            CollectiveError::LengthMismatch { expected, got } => {
+                Failure::LengthMismatch { expected, got }
+            }
+            _ => Failure::Failed,
+        };
+        for (index, &peer) in self.members.iter().enumerate() {
+            if index as u32 != self.rank {
+                // Ignoring the result is the point of best effort: a peer we cannot reach
+                // learns about the failure from its own broken link.
+                let _ = self.transport.send_failure(peer, self.tag, failure);
+            }
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! Linear scatter: the root sends block `i` straight to rank `i`. The root's link carries (n-1)
+//! blocks whatever the schedule, so a tree would only add hops.
+
+use crate::Result;
+use crate::op::OpCtx;
+
+/// Delivers block `rank` of the root's `send` (n blocks of `recv.len()` bytes) into every
+/// rank's `recv`; `send` is read on the root only.
+pub(crate) fn run(ctx: &OpCtx<'_>, root: u32, send: &[u8], recv: &mut [u8]) -> Result<()> {
+    if ctx.rank != root {
+        return ctx.recv_into(root, recv);
+    }
+    let len = recv.len();
+    for rank in 0..ctx.size() {
+        let block = &send[rank as usize * len..(rank as usize + 1) * len];
+        if rank == root {
+            recv.copy_from_slice(block);
+        } else {
+            ctx.send(rank, block)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,303 @@
+//! Which algorithm runs a collective: by message size and world size, unless the group was
+//! told otherwise with [`ProcessGroup::set_algorithm`](crate::ProcessGroup::set_algorithm).
+//!
+//! Crossover numbers (SPEC §8, two ranks over loopback TCP on the 2-core reference machine):
+//! - Up to [`SMALL_MESSAGE_BYTES`] (32 KiB) a latency-bound exchange wins: recursive doubling
+//!   for all-reduce (log2 n steps of one whole-buffer exchange), Bruck for all-gather, a
+//!   binomial tree for broadcast. The ring's 2(n-1) steps cost more than its bandwidth saves.
+//! - Above that, the bandwidth-optimal segmented ring (reduce-scatter then all-gather) and the
+//!   pipelined chain broadcast. Segments of [`SEGMENT_BYTES`] (256 KiB) were best at 32 MiB,
+//!   [`LARGE_SEGMENT_BYTES`] (1 MiB) at 256 MiB, so buffers above [`LARGE_MESSAGE_BYTES`]
+//!   (64 MiB) use the larger segments; 64 KiB segments were worst everywhere (too many
+//!   system calls per byte).
+//! - A broadcast to two ranks is one message whatever the algorithm, so it stays binomial.
+//! - [`Algorithm::OneSidedRing`] (all-reduce through the symmetric heap) is never chosen by
+//!   `Auto`, because it measured slower than the two-sided ring everywhere it can run today.
+//!   Medians over `MemTransport` with a heap (`Symmetric`), f32 sum, release build, the
+//!   2-core machine under a load average of 10-16 (other jobs), both algorithms interleaved
+//!   in each run; the ranges span two runs:
+//!
+//!   | ranks | bytes  | ring           | one-sided       | one-sided / ring |
+//!   |-------|--------|----------------|-----------------|------------------|
+//!   | 2     | 64 KiB | 25 µs          | 52-127 µs       | 2.1-5.1× slower  |
+//!   | 2     | 1 MiB  | 366-453 µs     | 684-991 µs      | 1.9-2.2× slower  |
+//!   | 2     | 16 MiB | 8.7-9.3 ms     | 13.6-18.6 ms    | 1.5-2.1× slower  |
+//!   | 4     | 64 KiB | 129-227 µs     | 331-983 µs      | 2.6-4.3× slower  |
+//!   | 4     | 1 MiB  | 1.40-1.56 ms   | 2.77-2.83 ms    | 1.8-2.0× slower  |
+//!   | 4     | 16 MiB | 30-37 ms       | 59-63 ms        | 1.7-2.0× slower  |
+//!
+//!   `Symmetric` serves a put on the target's reader and server threads and acknowledges it,
+//!   so each hop costs three thread wake-ups and one more copy (into and out of the heap)
+//!   where the two-sided ring costs one; on two cores shared by 2(n-1) service threads per
+//!   rank that dominates. Re-measure before letting `Auto` pick it on a transport whose heap
+//!   is served by hardware or by the receiving thread.
+
+use std::fmt;
+
+use crate::{CollectiveError, Result};
+
+/// Largest buffer (bytes) that takes the latency-optimal algorithms.
+pub const SMALL_MESSAGE_BYTES: usize = 32 * 1024;
+/// Ring segment size for buffers up to [`LARGE_MESSAGE_BYTES`].
+pub const SEGMENT_BYTES: usize = 256 * 1024;
+/// Buffers above this size (bytes) use [`LARGE_SEGMENT_BYTES`] segments.
+pub const LARGE_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// Ring segment size for buffers above [`LARGE_MESSAGE_BYTES`].
+pub const LARGE_SEGMENT_BYTES: usize = 1024 * 1024;
+
+/// The scratch region the first one-sided all-reduce ([`Algorithm::OneSidedRing`]) allocates
+/// in the symmetric heap unless
+/// [`ProcessGroup::enable_one_sided`](crate::ProcessGroup::enable_one_sided) chose one (capped
+/// at half the heap): two banks of four slots of 512 KiB of payload, each of which holds a
+/// [`SEGMENT_BYTES`] segment of floats widened to their accumulation type.
+pub const DEFAULT_ONE_SIDED_REGION_BYTES: u64 = crate::all_reduce::one_sided::DEFAULT_REGION_BYTES;
+
+/// The smallest scratch region the one-sided all-reduce works with.
+pub const MIN_ONE_SIDED_REGION_BYTES: u64 = crate::all_reduce::one_sided::MIN_REGION_BYTES;
+
+/// The collective operations, as named in reports, overrides and benchmarks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CollectiveOp {
+    /// In-place all-reduce.
+    AllReduce,
+    /// Reduce to a root.
+    Reduce,
+    /// Reduce, leaving block `i` on rank `i`.
+    ReduceScatter,
+    /// Gather every rank's buffer on every rank, in rank order.
+    AllGather,
+    /// Gather every rank's buffer on a root.
+    Gather,
+    /// Send block `i` of the root's buffer to rank `i`.
+    Scatter,
+    /// Copy the root's buffer to every rank.
+    Broadcast,
+    /// Send block `j` of rank `i`'s buffer to block `i` of rank `j`.
+    AllToAll,
+    /// Wait until every rank arrived.
+    Barrier,
+}
+
+impl CollectiveOp {
+    /// Every operation, in a fixed order.
+    pub const ALL: [CollectiveOp; 9] = [
+        CollectiveOp::AllReduce,
+        CollectiveOp::Reduce,
+        CollectiveOp::ReduceScatter,
+        CollectiveOp::AllGather,
+        CollectiveOp::Gather,
+        CollectiveOp::Scatter,
+        CollectiveOp::Broadcast,
+        CollectiveOp::AllToAll,
+        CollectiveOp::Barrier,
+    ];
+
+    /// The snake-case name used in tables and flags (`"all_reduce"`...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            CollectiveOp::AllReduce => "all_reduce",
+            CollectiveOp::Reduce => "reduce",
+            CollectiveOp::ReduceScatter => "reduce_scatter",
+            CollectiveOp::AllGather => "all_gather",
+            CollectiveOp::Gather => "gather",
+            CollectiveOp::Scatter => "scatter",
+            CollectiveOp::Broadcast => "broadcast",
+            CollectiveOp::AllToAll => "all_to_all",
+            CollectiveOp::Barrier => "barrier",
+        }
+    }
+
+    /// The algorithms that can be forced for this operation ([`Algorithm::Auto`] first).
+    /// Operations with a single algorithm list only `Auto`.
+    pub const fn algorithms(self) -> &'static [Algorithm] {
+        match self {
+            CollectiveOp::AllReduce => &[
+                Algorithm::Auto,
+                Algorithm::Ring,
+                Algorithm::RecursiveDoubling,
+                Algorithm::OneSidedRing,
+            ],
+            CollectiveOp::AllGather => &[Algorithm::Auto, Algorithm::Ring, Algorithm::Bruck],
+            CollectiveOp::Broadcast => &[
+                Algorithm::Auto,
+                Algorithm::BinomialTree,
+                Algorithm::PipelinedChain,
+            ],
+            _ => &[Algorithm::Auto],
+        }
+    }
+}
+
+impl fmt::Display for CollectiveOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An algorithm a collective can be forced to use (see [`CollectiveOp::algorithms`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Choose by size and world size (the default).
+    #[default]
+    Auto,
+    /// Segmented ring: reduce-scatter then all-gather (all-reduce), or ring all-gather.
+    Ring,
+    /// Recursive doubling with the non-power-of-two fold (all-reduce).
+    RecursiveDoubling,
+    /// Bruck's ⌈log2 n⌉-step all-gather.
+    Bruck,
+    /// Binomial-tree broadcast.
+    BinomialTree,
+    /// Segmented chain broadcast (rank order starting at the root).
+    PipelinedChain,
+    /// The segmented ring all-reduce over the symmetric heap: put-with-signal into the next
+    /// rank's slots instead of send/receive. Needs the world group of a transport with a heap
+    /// ([`Transport::symmetric`](crate::Transport::symmetric)); takes a scratch region of the
+    /// heap at first use (see
+    /// [`ProcessGroup::enable_one_sided`](crate::ProcessGroup::enable_one_sided)), so nothing
+    /// else may allocate or free heap memory on that transport while one-sided all-reduces
+    /// run.
+    OneSidedRing,
+}
+
+impl Algorithm {
+    /// The snake-case name used in tables and flags.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::Auto => "auto",
+            Algorithm::Ring => "ring",
+            Algorithm::RecursiveDoubling => "recursive_doubling",
+            Algorithm::Bruck => "bruck",
+            Algorithm::BinomialTree => "binomial_tree",
+            Algorithm::PipelinedChain => "pipelined_chain",
+            Algorithm::OneSidedRing => "one_sided_ring",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The per-group choices, snapshotted when an operation is issued so that a spawned operation
+/// runs with the settings of its issue point.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Settings {
+    pub(crate) all_reduce: Algorithm,
+    pub(crate) all_gather: Algorithm,
+    pub(crate) broadcast: Algorithm,
+    /// The test and benchmark knob: an upper bound on segment bytes.
+    pub(crate) max_segment_bytes: Option<usize>,
+}
+
+impl Settings {
+    /// Forces `algorithm` for `op`, refusing combinations that do not exist.
+    pub(crate) fn set(&mut self, op: CollectiveOp, algorithm: Algorithm) -> Result<()> {
+        if !op.algorithms().contains(&algorithm) {
+            return Err(CollectiveError::invalid(format!(
+                "algorithm {algorithm} does not apply to {op} (choose one of {:?})",
+                op.algorithms()
+            )));
+        }
+        match op {
+            CollectiveOp::AllReduce => self.all_reduce = algorithm,
+            CollectiveOp::AllGather => self.all_gather = algorithm,
+            CollectiveOp::Broadcast => self.broadcast = algorithm,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The forced algorithm for `op` (`Auto` when none is).
+    pub(crate) fn get(&self, op: CollectiveOp) -> Algorithm {
+        match op {
+            CollectiveOp::AllReduce => self.all_reduce,
+            CollectiveOp::AllGather => self.all_gather,
+            CollectiveOp::Broadcast => self.broadcast,
+            _ => Algorithm::Auto,
+        }
+    }
+
+    /// Segment size in bytes for a pipelined algorithm moving `bytes` in total, never below
+    /// one element of `elem_size`.
+    pub(crate) fn segment_bytes(&self, bytes: usize, elem_size: usize) -> usize {
+        let measured = if bytes > LARGE_MESSAGE_BYTES {
+            LARGE_SEGMENT_BYTES
+        } else {
+            SEGMENT_BYTES
+        };
+        let capped = self
+            .max_segment_bytes
+            .map_or(measured, |cap| cap.min(measured));
+        capped.max(elem_size.max(1))
+    }
+
+    /// The all-reduce algorithm for `bytes` per rank on `world` ranks.
+    pub(crate) fn all_reduce(&self, bytes: usize, world: u32) -> Algorithm {
+        match self.all_reduce {
+            Algorithm::Auto if bytes <= SMALL_MESSAGE_BYTES || world < 2 => {
+                Algorithm::RecursiveDoubling
+            }
+            Algorithm::Auto => Algorithm::Ring,
+            forced => forced,
+        }
+    }
+
+    /// The all-gather algorithm for a gathered result of `total_bytes`.
+    pub(crate) fn all_gather(&self, total_bytes: usize) -> Algorithm {
+        match self.all_gather {
+            Algorithm::Auto if total_bytes <= SMALL_MESSAGE_BYTES => Algorithm::Bruck,
+            Algorithm::Auto => Algorithm::Ring,
+            forced => forced,
+        }
+    }
+
+    /// The broadcast algorithm for `bytes` on `world` ranks.
+    pub(crate) fn broadcast(&self, bytes: usize, world: u32) -> Algorithm {
+        match self.broadcast {
+            Algorithm::Auto if bytes <= SMALL_MESSAGE_BYTES || world <= 2 => {
+                Algorithm::BinomialTree
+            }
+            Algorithm::Auto => Algorithm::PipelinedChain,
+            forced => forced,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crossovers() {
+        let s = Settings::default();
+        assert_eq!(s.all_reduce(8, 4), Algorithm::RecursiveDoubling);
+        assert_eq!(s.all_reduce(32 * 1024, 4), Algorithm::RecursiveDoubling);
+        assert_eq!(s.all_reduce(32 * 1024 + 1, 4), Algorithm::Ring);
+        assert_eq!(s.segment_bytes(32 << 20, 4), SEGMENT_BYTES);
+        assert_eq!(s.segment_bytes(256 << 20, 4), LARGE_SEGMENT_BYTES);
+        assert_eq!(s.broadcast(1 << 20, 2), Algorithm::BinomialTree);
+        assert_eq!(s.broadcast(1 << 20, 3), Algorithm::PipelinedChain);
+    }
+
+    #[test]
+    fn overrides_are_checked() {
+        let mut s = Settings::default();
+        assert!(s.set(CollectiveOp::AllReduce, Algorithm::Bruck).is_err());
+        s.set(CollectiveOp::AllReduce, Algorithm::Ring).unwrap();
+        assert_eq!(s.all_reduce(8, 4), Algorithm::Ring);
+        s.set(CollectiveOp::AllReduce, Algorithm::OneSidedRing)
+            .unwrap();
+        assert_eq!(s.all_reduce(1 << 30, 4), Algorithm::OneSidedRing);
+        assert!(
+            s.set(CollectiveOp::AllGather, Algorithm::OneSidedRing)
+                .is_err()
+        );
+        s.max_segment_bytes = Some(3);
+        assert_eq!(s.segment_bytes(1 << 20, 8), 8);
+    }
+}

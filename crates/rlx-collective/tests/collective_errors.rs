@@ -1,0 +1,244 @@
+//! Error behaviour: a rank passing another length (or dtype) makes every rank fail with
+//! `LengthMismatch` promptly instead of hanging, the group stays usable afterwards, and bad
+//! arguments (reserved tags, unknown ranks, ragged typed buffers) are refused.
+
+mod common;
+
+use std::time::Duration;
+
+use rlx_collective::{
+    Algorithm, CollectiveError, CollectiveOp, DType, ProcessGroup, ReduceKind, TAG_RESERVED_BASE,
+};
+
+/// Short enough that a hang shows as a `Timeout` error (which fails the assertions below),
+/// long enough for a loaded machine to deliver the failure notices first.
+const OP_TIMEOUT: Duration = Duration::from_secs(20);
+
+fn assert_length_mismatch(results: Vec<Result<(), CollectiveError>>, what: &str) {
+    for (rank, result) in results.into_iter().enumerate() {
+        match result {
+            Err(CollectiveError::LengthMismatch { .. }) => {}
+            other => panic!("{what}: rank {rank} got {other:?}, expected LengthMismatch"),
+        }
+    }
+}
+
+/// After a failed operation the group must still work: a correct all-reduce follows.
+fn then_all_reduce_works(group: &ProcessGroup) {
+    let mut x = vec![1.0f32; 100];
+    group
+        .all_reduce(&mut x, ReduceKind::Sum)
+        .unwrap_or_else(|e| panic!("rank {}: all_reduce after a failure: {e}", group.rank()));
+    assert_eq!(x, vec![group.world_size() as f32; 100]);
+}
+
+#[test]
+fn mismatched_all_reduce_lengths_fail_on_every_rank() {
+    // (normal count, odd rank's count): same algorithm, and counts on both sides of the
+    // recursive-doubling/ring crossover so the ranks disagree on the algorithm too.
+    let shapes = [
+        (1000usize, 1001usize),
+        (1000, 999),
+        (7, 100_000),
+        (100_000, 3),
+        (0, 1),
+    ];
+    for world in [2u32, 3, 4, 5] {
+        for algorithm in [
+            Algorithm::Auto,
+            Algorithm::Ring,
+            Algorithm::RecursiveDoubling,
+        ] {
+            for (normal, odd) in shapes {
+                let odd_rank = world - 1;
+                let results = common::on_each(
+                    common::world_with_timeout(world, OP_TIMEOUT),
+                    move |group| {
+                        group
+                            .set_algorithm(CollectiveOp::AllReduce, algorithm)
+                            .unwrap();
+                        let count = if group.rank() == odd_rank {
+                            odd
+                        } else {
+                            normal
+                        };
+                        let mut x = vec![1.0f32; count];
+                        let result = group.all_reduce(&mut x, ReduceKind::Sum);
+                        then_all_reduce_works(&group);
+                        result
+                    },
+                );
+                assert_length_mismatch(
+                    results,
+                    &format!("world {world} {algorithm} {normal} vs {odd}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn mismatched_dtype_fails_on_every_rank() {
+    let results = common::on_each(common::world_with_timeout(4, OP_TIMEOUT), |group| {
+        let dtype = if group.rank() == 2 {
+            DType::F64
+        } else {
+            DType::F32
+        };
+        let mut x = vec![0u8; 64 * dtype.size()];
+        let result = group.all_reduce_typed(&mut x, dtype, ReduceKind::Max);
+        then_all_reduce_works(&group);
+        result
+    });
+    assert_length_mismatch(results, "f32 vs f64");
+}
+
+#[test]
+fn mismatched_all_gather_lengths_fail_on_every_rank() {
+    for algorithm in [Algorithm::Ring, Algorithm::Bruck] {
+        let results = common::on_each(common::world_with_timeout(5, OP_TIMEOUT), move |group| {
+            group
+                .set_algorithm(CollectiveOp::AllGather, algorithm)
+                .unwrap();
+            let count = if group.rank() == 1 { 9 } else { 8 };
+            let result = group.all_gather(&vec![1.0f32; count]).map(|_| ());
+            then_all_reduce_works(&group);
+            result
+        });
+        assert_length_mismatch(results, &format!("all_gather {algorithm}"));
+    }
+}
+
+#[test]
+fn mismatched_broadcast_fails_the_rank_that_differs_and_nobody_hangs() {
+    // In a tree only the subtree below the odd rank depends on it; the odd rank itself must
+    // see the mismatch and every rank must return.
+    let results = common::on_each(common::world_with_timeout(4, OP_TIMEOUT), |group| {
+        let count = if group.rank() == 3 { 5 } else { 4 };
+        let mut x = vec![group.rank() as f32; count];
+        let result = group.broadcast(0, &mut x);
+        then_all_reduce_works(&group);
+        result
+    });
+    assert!(matches!(
+        results[3],
+        Err(CollectiveError::LengthMismatch { .. })
+    ));
+    for r in &results {
+        assert!(!matches!(r, Err(CollectiveError::Timeout { .. })), "{r:?}");
+    }
+}
+
+#[test]
+fn reserved_user_tags_are_invalid_arguments() {
+    let groups = common::world(2);
+    let g = &groups[0];
+    for tag in [TAG_RESERVED_BASE, TAG_RESERVED_BASE + 7, u32::MAX] {
+        assert!(matches!(
+            g.send_f32(1, tag, &[1.0]),
+            Err(CollectiveError::InvalidArgument { .. })
+        ));
+        assert!(matches!(
+            g.recv_f32(1, tag),
+            Err(CollectiveError::InvalidArgument { .. })
+        ));
+        assert!(matches!(
+            g.send_typed(1, tag, &[0; 4], DType::I32),
+            Err(CollectiveError::InvalidArgument { .. })
+        ));
+    }
+}
+
+#[test]
+fn point_to_point_round_trips_below_the_reserved_range() {
+    let results = common::on_each(common::world(2), |group| {
+        let tag = TAG_RESERVED_BASE - 1;
+        if group.rank() == 0 {
+            group.send_f32(1, tag, &[1.5, -2.0])?;
+            group.send_typed(1, 3, &[1, 0, 2, 0], DType::U8)?;
+            Ok::<_, CollectiveError>(Vec::new())
+        } else {
+            let a = group.recv_f32(0, tag)?;
+            let b = group.recv_typed(0, 3, DType::U8)?;
+            assert_eq!(b, vec![1, 0, 2, 0]);
+            Ok(a)
+        }
+    });
+    assert_eq!(results[1].as_ref().unwrap(), &vec![1.5, -2.0]);
+    assert!(results[0].is_ok());
+}
+
+#[test]
+fn unknown_ranks_are_refused() {
+    let results = common::on_each(common::world(3), |group| {
+        let p2p = group.send_f32(3, 0, &[1.0]);
+        assert!(
+            matches!(
+                p2p,
+                Err(CollectiveError::UnknownRank {
+                    rank: 3,
+                    world_size: 3
+                })
+            ),
+            "{p2p:?}"
+        );
+        assert!(matches!(
+            group.recv_f32(7, 0),
+            Err(CollectiveError::UnknownRank { rank: 7, .. })
+        ));
+        let mut x = [1.0f32; 4];
+        let bcast = group.broadcast(9, &mut x);
+        let reduce = group.reduce(3, &mut x, ReduceKind::Sum);
+        let gather = group.gather(5, &x).map(|_| ());
+        then_all_reduce_works(&group);
+        [bcast, reduce, gather]
+    });
+    for per_rank in results {
+        for r in per_rank {
+            assert!(
+                matches!(r, Err(CollectiveError::UnknownRank { .. })),
+                "{r:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn ragged_typed_buffers_are_invalid_arguments() {
+    let results = common::on_each(common::world(3), |group| {
+        let mut seven = [0u8; 7];
+        let results = [
+            group.all_reduce_typed(&mut seven, DType::F32, ReduceKind::Sum),
+            group.broadcast_typed(0, &mut seven, DType::I64),
+            group.all_gather_typed(&seven, DType::F16).map(|_| ()),
+            group
+                .reduce_scatter_typed(&seven, DType::BF16, ReduceKind::Sum)
+                .map(|_| ()),
+            group.send_typed((group.rank() + 1) % 3, 1, &seven, DType::I32),
+            group.all_to_all_typed(&[0u8; 16], DType::F32).map(|_| ()),
+        ];
+        then_all_reduce_works(&group);
+        results
+    });
+    for per_rank in results {
+        for r in per_rank {
+            assert!(
+                matches!(r, Err(CollectiveError::InvalidArgument { .. })),
+                "{r:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_forced_algorithm_must_exist_for_the_operation() {
+    let groups = common::world(1);
+    assert!(matches!(
+        groups[0].set_algorithm(CollectiveOp::Broadcast, Algorithm::RecursiveDoubling),
+        Err(CollectiveError::InvalidArgument { .. })
+    ));
+    assert_eq!(
+        groups[0].algorithm(CollectiveOp::Broadcast),
+        Algorithm::Auto
+    );
+}

@@ -1,0 +1,283 @@
+//! The threads behind an [`MlxTransport`](crate::MlxTransport): per linked peer a sender
+//! that drains the link's queue into MLX sends and a receiver that reads frames, delivers
+//! them into the inbox, forwards them or parks for a native collective; and one collective
+//! thread that runs MLX's collectives so that callers can give up on them at their deadline.
+//! See the `transport` module docs for the protocol they follow.
+
+use std::collections::VecDeque;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use rlx_transport::inbox::Delivery;
+use rlx_transport::{Failure, Tag};
+
+use crate::frame::{HEADER_LEN, Header, Kind};
+use crate::sync::{lock, wait, wait_timeout};
+use crate::transport::{ABORT_POLL, MAX_MESSAGE_LEN, Shared};
+
+/// Size of the first MLX message of every frame: the header and up to
+/// `FIRST_LEN - HEADER_LEN` bytes of body.
+pub(crate) const FIRST_LEN: usize = 256;
+
+/// Bodies travel in MLX messages of at most this many bytes (MLX's ring moves at most 1 GiB
+/// per socket call, and an MLX array holds at most `i32::MAX` elements).
+pub(crate) const PIECE_LEN: usize = 1 << 30;
+
+/// How long a receiver waits for this rank's own pause frames to go out before it posts the
+/// receive for the peer's pause anyway (see `receiver_loop`).
+pub(crate) const PAUSE_GRACE: Duration = Duration::from_millis(2);
+
+/// What a sender thread sends next.
+pub(crate) enum Outgoing {
+    /// A data or failure frame.
+    Frame(Header, Vec<u8>),
+    /// A pause frame; the sender then waits for the collective to end.
+    Pause(Header),
+    /// The goodbye frame; the sender then exits.
+    Bye,
+}
+
+/// One directly linked peer and the queue of its sender thread.
+pub(crate) struct Link {
+    pub(crate) peer: u32,
+    pub(crate) queue: Mutex<VecDeque<Outgoing>>,
+    pub(crate) queued: Condvar,
+    /// Held by whoever puts a frame on the link: the sender thread from taking a queued
+    /// frame until it is sent (and while it is paused for a native collective), or a caller
+    /// sending a small frame itself when nothing is queued. So frames never interleave, stay
+    /// in order, and nothing is sent while a collective owns the link.
+    pub(crate) sending: Mutex<()>,
+}
+
+impl Link {
+    pub(crate) fn push(&self, item: Outgoing) {
+        lock(&self.queue).push_back(item);
+        self.queued.notify_one();
+    }
+}
+
+/// Which of a transport's threads have ended and let go of it. Kept apart from `Shared`, so
+/// that a thread can report its end after dropping its reference: once every thread has,
+/// the caller's handle owns the group alone and dropping it releases MLX's group (for MPI,
+/// that is what finalises MPI before the process exits).
+pub(crate) struct Exits {
+    pub(crate) done: Mutex<ExitState>,
+    pub(crate) changed: Condvar,
+}
+
+pub(crate) struct ExitState {
+    pub(crate) senders: Vec<bool>,
+    pub(crate) receivers: Vec<bool>,
+    pub(crate) collective: bool,
+}
+
+/// A transport thread's role, for [`Exits`].
+#[derive(Clone, Copy)]
+pub(crate) enum Role {
+    Sender(usize),
+    Receiver(usize),
+    Collective,
+}
+
+impl Exits {
+    pub(crate) fn mark(&self, role: Role) {
+        let mut done = lock(&self.done);
+        match role {
+            Role::Sender(i) => done.senders[i] = true,
+            Role::Receiver(i) => done.receivers[i] = true,
+            Role::Collective => done.collective = true,
+        }
+        drop(done);
+        self.changed.notify_all();
+    }
+}
+
+/// The collective thread: runs MLX collectives handed over by `Shared::native` until the
+/// transport closes.
+pub(crate) fn collective_loop(shared: &Shared) {
+    loop {
+        let job = {
+            let mut jobs = lock(&shared.jobs);
+            loop {
+                if let Some(job) = jobs.pop_front() {
+                    break job;
+                }
+                let state = lock(&shared.state);
+                let done = state.closing || state.aborted;
+                drop(state);
+                if done {
+                    return;
+                }
+                jobs = wait_timeout(&shared.job_queued, jobs, ABORT_POLL);
+            }
+        };
+        job(&shared.group);
+    }
+}
+
+/// The sender thread of link `index`: drains the link's queue into MLX sends.
+pub(crate) fn sender_loop(shared: &Shared, index: usize) {
+    let link = &shared.links[index];
+    loop {
+        {
+            let mut queue = lock(&link.queue);
+            while queue.is_empty() {
+                queue = wait(&link.queued, queue);
+            }
+        }
+        let _sending = lock(&link.sending);
+        let Some(item) = lock(&link.queue).pop_front() else {
+            continue;
+        };
+        if lock(&shared.state).dead[index].is_some() {
+            return;
+        }
+        match item {
+            Outgoing::Frame(header, body) => {
+                if let Err(e) = shared.send_frame(link.peer, &header, &body) {
+                    shared
+                        .link_failed(index, format!("MLX send to rank {} failed: {e}", link.peer));
+                    return;
+                }
+            }
+            Outgoing::Pause(header) => {
+                if let Err(e) = shared.send_frame(link.peer, &header, &[]) {
+                    shared
+                        .link_failed(index, format!("MLX send to rank {} failed: {e}", link.peer));
+                    return;
+                }
+                let mut state = lock(&shared.state);
+                state.sender_paused[index] = true;
+                shared.changed.notify_all();
+                shared.park(state, index);
+            }
+            Outgoing::Bye => {
+                let bye = Header {
+                    kind: Kind::Bye,
+                    src: shared.rank,
+                    dst: link.peer,
+                    tag: 0,
+                    len: 0,
+                };
+                let _ = shared.send_frame(link.peer, &bye, &[]);
+                return;
+            }
+        }
+    }
+}
+
+/// The receiver thread of link `index`: posts an MLX receive while somebody needs what comes
+/// through the link, and routes what arrives.
+pub(crate) fn receiver_loop(shared: &Shared, index: usize) {
+    let peer = shared.links[index].peer;
+    loop {
+        {
+            let mut state = lock(&shared.state);
+            // While pausing, the receive for the peer's pause is posted only once this rank's
+            // own pauses are out: a posted receive busy-polls a core in MLX, and on a small
+            // machine it would starve the sender threads both ranks are waiting for.
+            //
+            // The wait for this rank's pauses is bounded: a sender can be stuck behind a large
+            // frame that the peer only drains once its own receiver reads, so after
+            // `PAUSE_GRACE` the receive is posted regardless.
+            let mut pausing_since: Option<Instant> = None;
+            loop {
+                if state.aborted || state.dead[index].is_some() {
+                    return;
+                }
+                if state.always_receive || state.closing || !state.demand[index].is_empty() {
+                    break;
+                }
+                if state.pausing > 0 {
+                    let since = *pausing_since.get_or_insert_with(Instant::now);
+                    let waited = since.elapsed();
+                    if state.sender_paused.iter().all(|&p| p) || waited >= PAUSE_GRACE {
+                        break;
+                    }
+                    state = wait_timeout(&shared.changed, state, PAUSE_GRACE - waited);
+                    continue;
+                }
+                pausing_since = None;
+                state = wait(&shared.changed, state);
+            }
+        }
+        if let Err(reason) = receive_one(shared, index) {
+            let state = lock(&shared.state);
+            let quiet = state.closing || state.aborted;
+            drop(state);
+            if !quiet {
+                shared.link_failed(index, reason);
+            } else {
+                shared.inbox.mark_lost(peer, reason);
+            }
+            return;
+        }
+        let state = lock(&shared.state);
+        if state.aborted || state.dead[index].is_some() {
+            return;
+        }
+    }
+}
+
+/// Receives and handles one frame from link `index`; an error ends the link.
+fn receive_one(shared: &Shared, index: usize) -> Result<(), String> {
+    let peer = shared.links[index].peer;
+    let mut first = [0u8; FIRST_LEN];
+    shared
+        .group
+        .recv(peer, &mut first)
+        .map_err(|e| format!("MLX recv from rank {peer} failed: {e}"))?;
+    let mut head = [0u8; HEADER_LEN];
+    head.copy_from_slice(&first[..HEADER_LEN]);
+    let header =
+        Header::decode(&head, peer, shared.world, MAX_MESSAGE_LEN).map_err(|e| e.to_string())?;
+    match header.kind {
+        Kind::Bye => Err(format!("rank {peer} closed its MLX transport")),
+        Kind::Pause => {
+            let mut state = lock(&shared.state);
+            state.peer_paused[index] = Some((header.tag, header.len));
+            shared.changed.notify_all();
+            shared.park(state, index);
+            Ok(())
+        }
+        Kind::Data | Kind::Failure => {
+            let len = usize::try_from(header.body_len())
+                .map_err(|_| format!("frame of {} bytes from rank {peer}", header.len))?;
+            let inline = len.min(FIRST_LEN - HEADER_LEN);
+            let mut body = Vec::new();
+            body.try_reserve_exact(len)
+                .map_err(|_| format!("cannot allocate {len} bytes for a frame from rank {peer}"))?;
+            body.extend_from_slice(&first[HEADER_LEN..HEADER_LEN + inline]);
+            body.resize(len, 0);
+            for piece in body[inline..].chunks_mut(PIECE_LEN) {
+                shared
+                    .group
+                    .recv(peer, piece)
+                    .map_err(|e| format!("MLX recv from rank {peer} failed: {e}"))?;
+            }
+            if header.dst != shared.rank {
+                // Forwarding only fails when the next link is gone; the sender then learns of
+                // it through its own timeout, as on any lossy route.
+                let _ = shared.enqueue(header, body);
+                return Ok(());
+            }
+            let tag = Tag::from_raw(header.tag);
+            let delivery = match header.kind {
+                Kind::Failure => Delivery::Failure(
+                    Failure::decode(header.src, &body).map_err(|e| e.to_string())?,
+                ),
+                _ => Delivery::Data(body),
+            };
+            let mut state = lock(&shared.state);
+            if let Some(at) = state.demand[index]
+                .iter()
+                .position(|e| (e.1, e.2) == (header.src, header.tag))
+            {
+                state.demand[index].remove(at);
+            }
+            drop(state);
+            let _ = shared.inbox.deliver(header.src, tag, delivery);
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Multi-process harness of the MLX tests: the test binary re-executes itself once per rank
+//! with MLX's ring launch variables (`MLX_HOSTFILE`, `MLX_RANK`) on loopback, runs the
+//! test's rank body in each child, and reaps the children within a deadline.
+
+#![allow(
+    dead_code,
+    reason = "each test file uses a different part of the harness"
+)]
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use rlx_mlx_ffi::{Backend, MlxTransport};
+use rlx_transport::Transport;
+
+/// Set in a child to the name of the test it runs.
+pub(crate) const CHILD_ENV: &str = "RLX_MLX_TEST_CHILD";
+
+/// Operation timeout the children use, in milliseconds.
+pub(crate) const CHILD_TIMEOUT_MS: u64 = 20_000;
+
+/// How long a whole multi-process test may take before its children are killed.
+const CLUSTER_DEADLINE: Duration = Duration::from_secs(180);
+
+/// What the parent expects of a rank's process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Expect {
+    /// Exit status 0.
+    Success,
+    /// Killed by a signal (the test makes it die on purpose).
+    Killed,
+}
+
+/// Whether this process is the child of test `name`; a child of another test returns early.
+pub(crate) fn child_of(name: &str) -> Option<bool> {
+    match std::env::var(CHILD_ENV) {
+        Ok(v) if v == name => Some(true),
+        Ok(_) => Some(false),
+        Err(_) => None,
+    }
+}
+
+/// Runs `body` on every rank of a `world`-rank MLX ring on loopback.
+pub(crate) fn ring(name: &str, world: u32, body: fn(&MlxTransport)) {
+    ring_expecting(name, world, body, |_| Expect::Success);
+}
+
+/// Like [`ring`], with a per-rank expectation of how the process ends.
+pub(crate) fn ring_expecting(
+    name: &str,
+    world: u32,
+    body: fn(&MlxTransport),
+    expect: fn(u32) -> Expect,
+) {
+    match child_of(name) {
+        Some(true) => return run_child(Backend::Ring, body),
+        Some(false) => return,
+        None => {}
+    }
+    let dir = scratch_dir(name);
+    let ports = free_ports(world as usize);
+    let hosts: Vec<String> = ports
+        .iter()
+        .map(|p| format!("[\"127.0.0.1:{p}\"]"))
+        .collect();
+    let hostfile = dir.join("hosts.json");
+    std::fs::write(&hostfile, format!("[{}]", hosts.join(","))).expect("write the hostfile");
+    let children: Vec<Child> = (0..world)
+        .map(|rank| {
+            let mut cmd = self_command(name, &dir, &format!("rank{rank}"));
+            cmd.env("MLX_RANK", rank.to_string())
+                .env("MLX_HOSTFILE", &hostfile)
+                .env("RLX_MLX_BACKEND", "ring");
+            cmd.spawn().expect("spawn a rank")
+        })
+        .collect();
+    reap(name, &dir, children, |i| expect(i as u32));
+}
+
+/// Runs `body` on 2 ranks under `mpirun` with MLX's `mpi` backend; `false` when no
+/// `mpirun` is installed.
+pub(crate) fn mpi(name: &str, body: fn(&MlxTransport)) -> bool {
+    match child_of(name) {
+        Some(true) => {
+            run_child(Backend::Mpi, body);
+            return true;
+        }
+        Some(false) => return true,
+        None => {}
+    }
+    let Some(mpirun) = which("mpirun") else {
+        return false;
+    };
+    let dir = scratch_dir(name);
+    let exe = std::env::current_exe().expect("current test binary");
+    let log = File::create(dir.join("mpirun.log")).expect("create the log");
+    let child = Command::new(mpirun)
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
+        .args([
+            "-x",
+            CHILD_ENV,
+            "-x",
+            "RLX_MLX_BACKEND",
+            "-x",
+            "RLX_TIMEOUT_MS",
+            "-x",
+            "OMPI_MPI_THREAD_LEVEL",
+        ])
+        .arg(exe)
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, name)
+        .env("RLX_MLX_BACKEND", "mpi")
+        // MlxTransport calls MPI from several threads (see `MlxTransport::init`).
+        .env("OMPI_MPI_THREAD_LEVEL", "3")
+        .env("RLX_TIMEOUT_MS", CHILD_TIMEOUT_MS.to_string())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("clone the log"))
+        .stderr(log)
+        .spawn()
+        .expect("spawn mpirun");
+    reap(name, &dir, vec![child], |_| Expect::Success);
+    true
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+fn run_child(backend: Backend, body: fn(&MlxTransport)) {
+    let t = MlxTransport::init(backend).expect("join the MLX world");
+    body(&t);
+    let rank = t.rank();
+    let start = Instant::now();
+    drop(t);
+    eprintln!("rank {rank}: closed the transport in {:?}", start.elapsed());
+}
+
+fn self_command(name: &str, dir: &std::path::Path, log: &str) -> Command {
+    let exe = std::env::current_exe().expect("current test binary");
+    let out = File::create(dir.join(format!("{log}.log"))).expect("create the log");
+    let mut cmd = Command::new(exe);
+    cmd.args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, name)
+        .env("RLX_TIMEOUT_MS", CHILD_TIMEOUT_MS.to_string())
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("clone the log"))
+        .stderr(out);
+    cmd
+}
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rlx-mlx-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create the scratch directory");
+    dir
+}
+
+/// `n` distinct ports that were free a moment ago (all held open at once so they differ).
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a probe port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("probe address").port())
+        .collect()
+}
+
+fn logs(dir: &std::path::Path) -> String {
+    let mut out = String::new();
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .map(|r| r.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    entries.sort();
+    for path in entries
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+    {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        out.push_str(&format!("==== {} ====\n{text}\n", path.display()));
+    }
+    out
+}
+
+fn reap(
+    name: &str,
+    dir: &std::path::Path,
+    mut children: Vec<Child>,
+    expect: impl Fn(usize) -> Expect,
+) {
+    let start = Instant::now();
+    let mut statuses: Vec<Option<ExitStatus>> = vec![None; children.len()];
+    while statuses.iter().any(Option::is_none) {
+        if start.elapsed() > CLUSTER_DEADLINE {
+            for child in &mut children {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            panic!(
+                "{name}: ranks still running after {CLUSTER_DEADLINE:?}\n{}",
+                logs(dir)
+            );
+        }
+        for (i, child) in children.iter_mut().enumerate() {
+            if statuses[i].is_none() {
+                statuses[i] = child.try_wait().expect("poll a rank");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut wrong = Vec::new();
+    for (i, status) in statuses.iter().enumerate() {
+        let status = status.expect("every rank was reaped");
+        let ok = match expect(i) {
+            Expect::Success => status.success(),
+            Expect::Killed => status.code().is_none(),
+        };
+        if !ok {
+            wrong.push(format!("process {i}: {status} (expected {:?})", expect(i)));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{name}: {}\n{}",
+        wrong.join("; "),
+        logs(dir)
+    );
+    // RLX_MLX_TEST_LOGS=1 shows the ranks' output of passing tests too.
+    if std::env::var_os("RLX_MLX_TEST_LOGS").is_some() {
+        eprintln!("{}", logs(dir));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,962 @@
+//! The matching state of one transport: which receives are posted, which messages are arriving
+//! or waiting unclaimed, which peers are gone, who reads which socket.
+//!
+//! It is a plain state machine guarded by one mutex of [`crate::progress::Engine`]; every method
+//! here runs under that lock and does no I/O. The reader of a socket calls
+//! [`State::on_first_frame`], [`State::on_stripe`] and [`State::on_bytes`] as bytes arrive;
+//! receivers call [`State::begin_recv`], [`State::poll_post`] and [`State::withdraw`]. The loom
+//! models in `tests/loom_progress.rs` drive exactly these methods from racing threads.
+//!
+//! Memory: a message with a posted receive lands in that receive's buffer (or a buffer handed
+//! to it); a message nobody waits for is *unexpected* and counts against a per-peer budget.
+//! When the budget is used up the reader stops taking new frames from that peer (its header
+//! stays parked), so TCP flow control pushes back on the sender. One message is always admitted
+//! when nothing is buffered, so a message larger than the budget can still arrive.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use rlx_transport::{CollectiveError, Failure, Tag};
+
+use crate::error::Lost;
+use crate::frame::{FrameHeader, Striping};
+
+/// Accounting weight of one queued failure notice, so that a flood of them is bounded too.
+const NOTICE_WEIGHT: u64 = 64;
+
+/// Identity of a posted receive.
+pub(crate) type PostId = u64;
+
+/// What a finished receive produced.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// The message, in a buffer of its own.
+    Owned(Vec<u8>),
+    /// The message landed in the receiver's own buffer; this many bytes.
+    Landed(usize),
+    /// The peer's failure notice.
+    Failure(Failure),
+    /// The message was longer than the receiver's buffer (and was consumed).
+    TooLong {
+        /// The buffer's length.
+        capacity: usize,
+        /// The message's length.
+        got: u64,
+    },
+}
+
+/// Where the payload of an arriving message goes.
+#[derive(Debug)]
+pub(crate) enum Dest {
+    /// Into the buffer of the receive that the reading thread itself posted.
+    Caller,
+    /// Into this buffer, allocated at the checked length.
+    Owned(Vec<u8>),
+    /// Nowhere: the bytes are read and dropped (the receiver's buffer was too short).
+    Discard,
+}
+
+#[derive(Debug)]
+enum Target {
+    /// Nobody waits for it yet; a placeholder sits in the queue at its place.
+    Unexpected,
+    /// The posted receive it belongs to.
+    Post(PostId),
+}
+
+#[derive(Debug)]
+struct Arriving {
+    seq: u64,
+    tag: Tag,
+    total: u64,
+    received: u64,
+    dest: Dest,
+    target: Target,
+    /// For [`Dest::Discard`]: the receiver's buffer length, to report.
+    capacity: usize,
+    /// How the sender cut the message over the links; every stripe must match it exactly,
+    /// so that stripes never overlap and each is written once.
+    stripes: Striping,
+    /// Stripes whose header has been seen (bit `i` for stripe `i`).
+    seen: u64,
+}
+
+#[derive(Debug)]
+enum Body {
+    Data(Vec<u8>),
+    Failure(Failure),
+    /// Still arriving: the bytes are in the [`Arriving`] entry with this sequence number.
+    Arriving,
+}
+
+#[derive(Debug)]
+struct Queued {
+    seq: u64,
+    tag: Tag,
+    body: Body,
+    weight: u64,
+}
+
+#[derive(Debug)]
+enum PostState {
+    Waiting,
+    Filling,
+    Done(Outcome),
+}
+
+#[derive(Debug)]
+struct Posted {
+    id: PostId,
+    tag: Tag,
+    /// The receiver's buffer length for `recv_into`; `None` for a receive that returns a `Vec`.
+    capacity: Option<usize>,
+    state: PostState,
+}
+
+/// Who holds the reader role of a link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Holder {
+    Free,
+    /// A receiving thread, for its posted receive.
+    Receiver(PostId),
+    /// A sending thread reading while its own write would block.
+    Sender,
+    /// The background watcher.
+    Background,
+}
+
+/// Reader-role bookkeeping of one link.
+#[derive(Debug)]
+pub(crate) struct LinkSlot {
+    pub(crate) holder: Holder,
+    /// Another thread waits for this link's reader role.
+    pub(crate) wanted: bool,
+    /// When a foreground thread last released it (the watcher leaves busy links alone).
+    pub(crate) released_at: Instant,
+    /// The link's next frame is parked (budget exhausted or waiting for link 0): polling its
+    /// socket would spin, so pollers skip it until the state changes.
+    pub(crate) parked: bool,
+}
+
+/// Per-peer matching state.
+#[derive(Debug)]
+pub(crate) struct PeerState {
+    queue: VecDeque<Queued>,
+    posted: Vec<Posted>,
+    arriving: Vec<Arriving>,
+    unexpected_bytes: u64,
+    /// Next sequence number expected at the start of a message (on link 0).
+    next_seq: u64,
+    pub(crate) lost: Option<Lost>,
+    pub(crate) links: Vec<LinkSlot>,
+}
+
+impl PeerState {
+    fn new(links: usize) -> Self {
+        Self {
+            queue: VecDeque::new(),
+            posted: Vec::new(),
+            arriving: Vec::new(),
+            unexpected_bytes: 0,
+            next_seq: 0,
+            lost: None,
+            links: (0..links)
+                .map(|_| LinkSlot {
+                    holder: Holder::Free,
+                    wanted: false,
+                    released_at: Instant::now(),
+                    parked: false,
+                })
+                .collect(),
+        }
+    }
+
+    fn post_mut(&mut self, id: PostId) -> Option<&mut Posted> {
+        self.posted.iter_mut().find(|p| p.id == id)
+    }
+
+    fn insert_queued(&mut self, entry: Queued) {
+        let at = self
+            .queue
+            .iter()
+            .position(|q| q.seq > entry.seq)
+            .unwrap_or(self.queue.len());
+        self.queue.insert(at, entry);
+    }
+
+    /// Whether the unexpected budget admits `weight` more bytes (always when nothing is held).
+    fn admits(&self, weight: u64, budget: u64) -> bool {
+        self.unexpected_bytes == 0 || self.unexpected_bytes.saturating_add(weight) <= budget
+    }
+
+    /// Drops the buffers of messages that will never complete; only called when no link of
+    /// this peer has a reader (a reader may be writing into them).
+    pub(crate) fn drop_arriving_if_lost(&mut self) {
+        if self.lost.is_none() || self.links.iter().any(|l| l.holder != Holder::Free) {
+            return;
+        }
+        let seqs: Vec<u64> = self.arriving.drain(..).map(|a| a.seq).collect();
+        self.queue
+            .retain(|q| !(matches!(q.body, Body::Arriving) && seqs.contains(&q.seq)));
+        self.unexpected_bytes = self.queue.iter().map(|q| q.weight).sum();
+    }
+}
+
+/// What a receive found when it started.
+#[derive(Debug)]
+pub(crate) enum Begin {
+    /// A queued message or notice, ready now.
+    Ready(Outcome),
+    /// The receive is posted under this id; wait with [`State::poll_post`].
+    Posted(PostId),
+}
+
+/// What the reader does with the payload of a frame whose header it just read.
+#[derive(Debug)]
+pub(crate) enum Landing {
+    /// Write `len` bytes at `offset` of the reading thread's own buffer.
+    Caller,
+    /// Write into the owned buffer starting at this address (stable while the message arrives).
+    Owned(*mut u8),
+    /// Read and drop.
+    Discard,
+    /// Not now: the budget is exhausted, or (for a stripe) link 0 has not announced the message.
+    Park,
+}
+
+/// The whole matching state of a transport.
+#[derive(Debug)]
+pub(crate) struct State {
+    pub(crate) peers: Vec<PeerState>,
+    pub(crate) aborted: bool,
+    next_post: PostId,
+    budget: u64,
+    links: usize,
+    min_striped: u64,
+}
+
+impl State {
+    /// State for `world` peers with `links` links each and an unexpected budget of `budget`
+    /// bytes per peer.
+    /// Messages of at least `min_striped` bytes are striped over the `links` links.
+    pub(crate) fn new(world: u32, links: usize, budget: u64, min_striped: u64) -> Self {
+        Self {
+            peers: (0..world).map(|_| PeerState::new(links)).collect(),
+            aborted: false,
+            next_post: 1,
+            budget,
+            links: links.clamp(1, 64),
+            min_striped,
+        }
+    }
+
+    /// Whether the posted receive `id` has its outcome.
+    pub(crate) fn is_done(&mut self, from: u32, id: PostId) -> bool {
+        self.peer(from)
+            .posted
+            .iter()
+            .any(|p| p.id == id && matches!(p.state, PostState::Done(_)))
+    }
+
+    /// A message this rank sent to itself: complete at once, outside the budget (the sender is
+    /// this process, which can always wait for itself).
+    pub(crate) fn deliver_local(&mut self, from: u32, seq: u64, tag: Tag, bytes: Vec<u8>) {
+        let peer = self.peer(from);
+        if let Some(post) = peer
+            .posted
+            .iter_mut()
+            .find(|p| p.tag == tag && matches!(p.state, PostState::Waiting))
+        {
+            post.state = PostState::Done(match post.capacity {
+                Some(capacity) if bytes.len() > capacity => Outcome::TooLong {
+                    capacity,
+                    got: bytes.len() as u64,
+                },
+                _ => Outcome::Owned(bytes),
+            });
+            return;
+        }
+        let weight = bytes.len() as u64;
+        peer.unexpected_bytes += weight;
+        peer.insert_queued(Queued {
+            seq,
+            tag,
+            body: Body::Data(bytes),
+            weight,
+        });
+    }
+
+    /// A failure notice this rank sent to itself.
+    pub(crate) fn deliver_local_failure(
+        &mut self,
+        from: u32,
+        seq: u64,
+        tag: Tag,
+        failure: Failure,
+    ) {
+        let peer = self.peer(from);
+        if let Some(post) = peer
+            .posted
+            .iter_mut()
+            .find(|p| p.tag == tag && matches!(p.state, PostState::Waiting))
+        {
+            post.state = PostState::Done(Outcome::Failure(failure));
+            return;
+        }
+        peer.unexpected_bytes += NOTICE_WEIGHT;
+        peer.insert_queued(Queued {
+            seq,
+            tag,
+            body: Body::Failure(failure),
+            weight: NOTICE_WEIGHT,
+        });
+    }
+
+    fn peer(&mut self, from: u32) -> &mut PeerState {
+        // Ranks are validated by the transport before any call reaches the state.
+        let index = (from as usize).min(self.peers.len().saturating_sub(1));
+        &mut self.peers[index]
+    }
+
+    /// Starts a receive from `from` under `tag`: takes the first queued match, or posts.
+    /// `capacity` is the receiver's buffer length (`None` when it wants a `Vec`).
+    pub(crate) fn begin_recv(
+        &mut self,
+        from: u32,
+        tag: Tag,
+        capacity: Option<usize>,
+    ) -> Result<Begin, CollectiveError> {
+        if self.aborted {
+            return Err(CollectiveError::Aborted);
+        }
+        let id = self.next_post;
+        let peer = self.peer(from);
+        if let Some(index) = peer.queue.iter().position(|q| q.tag == tag) {
+            let arriving = matches!(peer.queue[index].body, Body::Arriving);
+            let Some(entry) = peer.queue.remove(index) else {
+                return Err(CollectiveError::protocol(
+                    Some(from),
+                    "queue entry vanished",
+                ));
+            };
+            peer.unexpected_bytes = peer.unexpected_bytes.saturating_sub(entry.weight);
+            for slot in &mut peer.links {
+                slot.parked = false;
+            }
+            if !arriving {
+                return Ok(Begin::Ready(match entry.body {
+                    Body::Data(bytes) => match capacity {
+                        Some(capacity) if bytes.len() > capacity => Outcome::TooLong {
+                            capacity,
+                            got: bytes.len() as u64,
+                        },
+                        _ => Outcome::Owned(bytes),
+                    },
+                    Body::Failure(f) => Outcome::Failure(f),
+                    Body::Arriving => Outcome::Owned(Vec::new()),
+                }));
+            }
+            // The message is still arriving: it becomes this receive's, and lands in its
+            // owned buffer (the receiver copies it out when it completes).
+            if let Some(a) = peer.arriving.iter_mut().find(|a| a.seq == entry.seq) {
+                a.target = Target::Post(id);
+            }
+            peer.posted.push(Posted {
+                id,
+                tag,
+                capacity,
+                state: PostState::Filling,
+            });
+            self.next_post += 1;
+            return Ok(Begin::Posted(id));
+        }
+        if let Some(lost) = &peer.lost {
+            return Err(lost.error(from));
+        }
+        peer.posted.push(Posted {
+            id,
+            tag,
+            capacity,
+            state: PostState::Waiting,
+        });
+        self.next_post += 1;
+        Ok(Begin::Posted(id))
+    }
+
+    /// Checks on a posted receive: `Some` when it is finished (the post is then gone), with the
+    /// outcome or the error that ends it (lost peer, abort).
+    pub(crate) fn poll_post(
+        &mut self,
+        from: u32,
+        id: PostId,
+    ) -> Option<Result<Outcome, CollectiveError>> {
+        let aborted = self.aborted;
+        let peer = self.peer(from);
+        let index = peer.posted.iter().position(|p| p.id == id)?;
+        if matches!(peer.posted[index].state, PostState::Done(_)) {
+            let post = peer.posted.remove(index);
+            return match post.state {
+                PostState::Done(outcome) => Some(Ok(outcome)),
+                _ => None,
+            };
+        }
+        if aborted {
+            self.remove_post(from, id);
+            return Some(Err(CollectiveError::Aborted));
+        }
+        if let Some(lost) = &peer.lost {
+            let err = lost.error(from);
+            self.remove_post(from, id);
+            return Some(Err(err));
+        }
+        None
+    }
+
+    fn remove_post(&mut self, from: u32, id: PostId) {
+        let peer = self.peer(from);
+        peer.posted.retain(|p| p.id != id);
+        for a in &mut peer.arriving {
+            if matches!(a.target, Target::Post(p) if p == id) {
+                a.target = Target::Unexpected;
+                if matches!(a.dest, Dest::Caller) {
+                    a.dest = Dest::Discard;
+                }
+            }
+        }
+    }
+
+    /// Gives up a posted receive at its deadline. A message already assigned to it but still
+    /// arriving becomes unexpected again, at its place in the queue; if it was landing in the
+    /// caller's buffer, `own` (that buffer) is copied into a new owned buffer and the address
+    /// of that buffer is returned so the caller can redirect the links that are mid-frame.
+    /// A receive that finished in the meantime returns its outcome instead.
+    pub(crate) fn withdraw(&mut self, from: u32, id: PostId, own: Option<&[u8]>) -> Withdrawn {
+        if let Some(Ok(outcome)) = self.poll_post(from, id) {
+            return Withdrawn::Finished(outcome);
+        }
+        let peer = self.peer(from);
+        peer.posted.retain(|p| p.id != id);
+        let mut moved = None;
+        let mut requeue = None;
+        for a in &mut peer.arriving {
+            if !matches!(a.target, Target::Post(p) if p == id) {
+                continue;
+            }
+            a.target = Target::Unexpected;
+            if matches!(a.dest, Dest::Caller) {
+                let total = a.total as usize;
+                let mut copy = vec![0u8; total];
+                if let Some(src) = own.and_then(|b| b.get(..total)) {
+                    copy.copy_from_slice(src);
+                }
+                a.dest = Dest::Owned(copy);
+                if let Dest::Owned(buf) = &mut a.dest {
+                    moved = Some((a.seq, buf.as_mut_ptr()));
+                }
+            }
+            requeue = Some((a.seq, a.tag, a.total));
+        }
+        if let Some((seq, tag, total)) = requeue {
+            peer.unexpected_bytes = peer.unexpected_bytes.saturating_add(total);
+            peer.insert_queued(Queued {
+                seq,
+                tag,
+                body: Body::Arriving,
+                weight: total,
+            });
+        }
+        match moved {
+            Some((seq, base)) => Withdrawn::Moved { seq, base },
+            None => Withdrawn::Gone,
+        }
+    }
+
+    /// The reader of link 0 of `from` decoded the first frame of message `seq` (`total` bytes
+    /// under `tag`). `reader` is the reading thread's own posted receive, if any. Returns where
+    /// the payload lands; [`Landing::Park`] leaves the frame unread (budget exhausted).
+    pub(crate) fn on_first_frame(
+        &mut self,
+        from: u32,
+        header: &FrameHeader,
+        reader: Option<PostId>,
+    ) -> Result<Landing, CollectiveError> {
+        let (seq, tag, total) = (header.seq, header.tag, header.total);
+        let budget = self.budget;
+        let stripes = Striping::new(total, self.links, self.min_striped);
+        if stripes.range(0) != (header.offset, header.len) {
+            return Err(CollectiveError::protocol(
+                Some(from),
+                format!(
+                    "first frame of message {seq} covers {}+{} bytes, not the first stripe of {total}",
+                    header.offset, header.len
+                ),
+            ));
+        }
+        let peer = self.peer(from);
+        if seq != peer.next_seq {
+            return Err(CollectiveError::protocol(
+                Some(from),
+                format!("message number {seq} where {} was due", peer.next_seq),
+            ));
+        }
+        let post = peer
+            .posted
+            .iter_mut()
+            .find(|p| p.tag == tag && matches!(p.state, PostState::Waiting));
+        let (dest, target, capacity, landing) = match post {
+            Some(post) => {
+                post.state = PostState::Filling;
+                let fits = post.capacity.is_none_or(|c| total <= c as u64);
+                let capacity = post.capacity.unwrap_or(0);
+                let target = Target::Post(post.id);
+                if !fits {
+                    (Dest::Discard, target, capacity, Landing::Discard)
+                } else if reader == Some(post.id) && post.capacity.is_some() {
+                    (Dest::Caller, target, capacity, Landing::Caller)
+                } else {
+                    (
+                        Dest::Owned(vec![0u8; total as usize]),
+                        target,
+                        capacity,
+                        Landing::Discard,
+                    )
+                }
+            }
+            None => {
+                if !peer.admits(total, budget) {
+                    return Ok(Landing::Park);
+                }
+                peer.unexpected_bytes += total;
+                peer.insert_queued(Queued {
+                    seq,
+                    tag,
+                    body: Body::Arriving,
+                    weight: total,
+                });
+                (
+                    Dest::Owned(vec![0u8; total as usize]),
+                    Target::Unexpected,
+                    0,
+                    Landing::Discard,
+                )
+            }
+        };
+        peer.next_seq += 1;
+        peer.arriving.push(Arriving {
+            seq,
+            tag,
+            total,
+            received: 0,
+            dest,
+            target,
+            capacity,
+            stripes,
+            seen: 1,
+        });
+        let landing = match &mut peer.arriving.last_mut().map(|a| &mut a.dest) {
+            Some(Dest::Owned(buf)) => Landing::Owned(buf.as_mut_ptr()),
+            _ => landing,
+        };
+        if total == 0 {
+            self.on_bytes(from, seq, 0)?;
+        }
+        Ok(landing)
+    }
+
+    /// A later stripe (offset > 0) of message `seq` was decoded on some link. `reader` is the
+    /// reading thread's own posted receive.
+    pub(crate) fn on_stripe(
+        &mut self,
+        from: u32,
+        link: usize,
+        header: &FrameHeader,
+        reader: Option<PostId>,
+    ) -> Result<Landing, CollectiveError> {
+        let (seq, tag, total) = (header.seq, header.tag, header.total);
+        let peer = self.peer(from);
+        let Some(a) = peer.arriving.iter_mut().find(|a| a.seq == seq) else {
+            if seq >= peer.next_seq {
+                return Ok(Landing::Park);
+            }
+            return Err(CollectiveError::protocol(
+                Some(from),
+                format!("stripe of message {seq}, which is not arriving"),
+            ));
+        };
+        let bit = 1u64.checked_shl(link as u32).unwrap_or(0);
+        if a.tag != tag
+            || a.total != total
+            || link >= a.stripes.count()
+            || a.stripes.range(link) != (header.offset, header.len)
+            || a.seen & bit != 0
+        {
+            return Err(CollectiveError::protocol(
+                Some(from),
+                format!(
+                    "stripe {}+{} of message {seq} on link {link} does not match how it was cut",
+                    header.offset, header.len
+                ),
+            ));
+        }
+        a.seen |= bit;
+        Ok(match &mut a.dest {
+            Dest::Owned(buf) => Landing::Owned(buf.as_mut_ptr()),
+            Dest::Discard => Landing::Discard,
+            Dest::Caller => match a.target {
+                Target::Post(p) if reader == Some(p) => Landing::Caller,
+                // The buffer's owner holds every link of this peer while its bytes may land
+                // there, so another reader can only see a redirected destination.
+                _ => Landing::Discard,
+            },
+        })
+    }
+
+    /// `n` more bytes of message `seq` have been written; completes it when all are there and
+    /// returns whether it did.
+    pub(crate) fn on_bytes(
+        &mut self,
+        from: u32,
+        seq: u64,
+        n: u64,
+    ) -> Result<bool, CollectiveError> {
+        let peer = self.peer(from);
+        let Some(index) = peer.arriving.iter().position(|a| a.seq == seq) else {
+            return Err(CollectiveError::protocol(
+                Some(from),
+                format!("bytes for message {seq}, which is not arriving"),
+            ));
+        };
+        let a = &mut peer.arriving[index];
+        a.received = a.received.saturating_add(n);
+        if a.received < a.total {
+            return Ok(false);
+        }
+        let a = peer.arriving.swap_remove(index);
+        let outcome = match a.dest {
+            Dest::Caller => Outcome::Landed(a.total as usize),
+            Dest::Owned(buf) => Outcome::Owned(buf),
+            Dest::Discard => Outcome::TooLong {
+                capacity: a.capacity,
+                got: a.total,
+            },
+        };
+        match a.target {
+            Target::Post(id) => {
+                if let Some(post) = peer.post_mut(id) {
+                    post.state = PostState::Done(outcome);
+                }
+            }
+            Target::Unexpected => {
+                if let Some(q) = peer.queue.iter_mut().find(|q| q.seq == a.seq) {
+                    q.body = match outcome {
+                        Outcome::Owned(buf) => Body::Data(buf),
+                        // A message redirected from a withdrawn receive into a discard has no
+                        // bytes to offer; it still occupies its place so FIFO holds.
+                        _ => Body::Data(Vec::new()),
+                    };
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// A failure notice for `tag` (message number `seq`) arrived from `from`.
+    pub(crate) fn on_failure(
+        &mut self,
+        from: u32,
+        seq: u64,
+        tag: Tag,
+        failure: Failure,
+    ) -> Result<bool, CollectiveError> {
+        let budget = self.budget;
+        let peer = self.peer(from);
+        if seq != peer.next_seq {
+            return Err(CollectiveError::protocol(
+                Some(from),
+                format!(
+                    "failure notice numbered {seq} where {} was due",
+                    peer.next_seq
+                ),
+            ));
+        }
+        if let Some(post) = peer
+            .posted
+            .iter_mut()
+            .find(|p| p.tag == tag && matches!(p.state, PostState::Waiting))
+        {
+            post.state = PostState::Done(Outcome::Failure(failure));
+        } else {
+            if !peer.admits(NOTICE_WEIGHT, budget) {
+                return Ok(false);
+            }
+            peer.unexpected_bytes += NOTICE_WEIGHT;
+            peer.insert_queued(Queued {
+                seq,
+                tag,
+                body: Body::Failure(failure),
+                weight: NOTICE_WEIGHT,
+            });
+        }
+        peer.next_seq += 1;
+        Ok(true)
+    }
+
+    /// Records that `from` is gone (the first cause is kept). Queued messages stay readable;
+    /// receives that need more fail.
+    pub(crate) fn mark_lost(&mut self, from: u32, lost: Lost) {
+        let peer = self.peer(from);
+        if peer.lost.is_none() {
+            peer.lost = Some(lost);
+        }
+        peer.drop_arriving_if_lost();
+    }
+
+    /// Number of unexpected bytes buffered for `from` (for the loom models).
+    #[cfg(rlx_loom)]
+    pub(crate) fn unexpected_bytes_of(&self, from: u32) -> u64 {
+        self.peers
+            .get(from as usize)
+            .map_or(0, |p| p.unexpected_bytes)
+    }
+}
+
+/// What [`State::withdraw`] did.
+#[derive(Debug)]
+pub(crate) enum Withdrawn {
+    /// The receive had finished after all.
+    Finished(Outcome),
+    /// The receive is gone; nothing of it was in flight into the caller's buffer.
+    Gone,
+    /// The receive is gone; message `seq` was landing in the caller's buffer and now lands at
+    /// `base` (the first bytes already copied there).
+    Moved {
+        /// The message that moved.
+        seq: u64,
+        /// Its new buffer.
+        base: *mut u8,
+    },
+}
+
+#[cfg(all(test, not(rlx_loom)))]
+mod tests {
+    use super::*;
+    use crate::frame::FrameKind;
+
+    fn tag(n: u32) -> Tag {
+        Tag::user(n).unwrap()
+    }
+
+    fn header(seq: u64, tag: Tag, total: u64, offset: u64, len: u64) -> FrameHeader {
+        FrameHeader {
+            kind: FrameKind::Data,
+            tag,
+            seq,
+            total,
+            offset,
+            len,
+        }
+    }
+
+    /// Lands `bytes` as message `seq` the way a reader does; returns the landing used.
+    fn land(st: &mut State, from: u32, seq: u64, t: Tag, bytes: &[u8]) -> Landing {
+        let h = FrameHeader::whole(FrameKind::Data, t, seq, bytes.len() as u64);
+        let landing = st.on_first_frame(from, &h, None).unwrap();
+        if let Landing::Owned(ptr) = landing {
+            // SAFETY: the buffer has `bytes.len()` bytes and nothing else touches it meanwhile.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr, bytes.len()) };
+        }
+        if !matches!(landing, Landing::Park) && !bytes.is_empty() {
+            st.on_bytes(from, seq, bytes.len() as u64).unwrap();
+        }
+        landing
+    }
+
+    fn ready(st: &mut State, from: u32, t: Tag) -> Vec<u8> {
+        match st.begin_recv(from, t, None).unwrap() {
+            Begin::Ready(Outcome::Owned(b)) => b,
+            other => panic!("expected a queued message, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unexpected_messages_queue_in_order_per_tag() {
+        let mut st = State::new(2, 1, 1 << 20, u64::MAX);
+        land(&mut st, 1, 0, tag(1), b"a1");
+        land(&mut st, 1, 1, tag(2), b"b1");
+        land(&mut st, 1, 2, tag(1), b"a2");
+        land(&mut st, 1, 3, tag(3), b"");
+        assert_eq!(ready(&mut st, 1, tag(2)), b"b1");
+        assert_eq!(ready(&mut st, 1, tag(1)), b"a1");
+        assert_eq!(ready(&mut st, 1, tag(1)), b"a2");
+        assert_eq!(ready(&mut st, 1, tag(3)), b"");
+        assert!(matches!(
+            st.begin_recv(1, tag(1), None).unwrap(),
+            Begin::Posted(_)
+        ));
+    }
+
+    #[test]
+    fn the_readers_own_receive_lands_in_its_buffer() {
+        let mut st = State::new(2, 1, 1 << 20, u64::MAX);
+        let Begin::Posted(id) = st.begin_recv(1, tag(1), Some(8)).unwrap() else {
+            panic!("nothing was queued");
+        };
+        let h = FrameHeader::whole(FrameKind::Data, tag(1), 0, 5);
+        assert!(matches!(
+            st.on_first_frame(1, &h, Some(id)).unwrap(),
+            Landing::Caller
+        ));
+        st.on_bytes(1, 0, 5).unwrap();
+        assert!(matches!(st.poll_post(1, id), Some(Ok(Outcome::Landed(5)))));
+        // Too long for the buffer: consumed and reported.
+        let Begin::Posted(id) = st.begin_recv(1, tag(1), Some(4)).unwrap() else {
+            panic!("nothing was queued");
+        };
+        let h = FrameHeader::whole(FrameKind::Data, tag(1), 1, 9);
+        assert!(matches!(
+            st.on_first_frame(1, &h, Some(id)).unwrap(),
+            Landing::Discard
+        ));
+        st.on_bytes(1, 1, 9).unwrap();
+        assert!(matches!(
+            st.poll_post(1, id),
+            Some(Ok(Outcome::TooLong {
+                capacity: 4,
+                got: 9
+            }))
+        ));
+    }
+
+    #[test]
+    fn the_budget_parks_frames_but_admits_one_large_message() {
+        let mut st = State::new(2, 1, 10, u64::MAX);
+        assert!(matches!(
+            land(&mut st, 1, 0, tag(1), &[1; 100]),
+            Landing::Owned(_)
+        ));
+        assert!(matches!(
+            land(&mut st, 1, 1, tag(1), &[2; 3]),
+            Landing::Park
+        ));
+        assert_eq!(ready(&mut st, 1, tag(1)), vec![1; 100]);
+        assert!(matches!(
+            land(&mut st, 1, 1, tag(1), &[2; 3]),
+            Landing::Owned(_)
+        ));
+        assert!(matches!(
+            land(&mut st, 1, 2, tag(1), &[3; 7]),
+            Landing::Owned(_)
+        ));
+        assert!(matches!(
+            land(&mut st, 1, 3, tag(1), &[4; 1]),
+            Landing::Park
+        ));
+        // A frame a receive waits for needs no budget.
+        assert!(matches!(
+            st.begin_recv(1, tag(9), None).unwrap(),
+            Begin::Posted(_)
+        ));
+        let h = FrameHeader::whole(FrameKind::Data, tag(9), 3, 50);
+        assert!(matches!(
+            st.on_first_frame(1, &h, None).unwrap(),
+            Landing::Owned(_)
+        ));
+    }
+
+    #[test]
+    fn sequence_and_stripes_are_checked() {
+        let mut st = State::new(2, 2, 1 << 30, 4096);
+        let bad = FrameHeader::whole(FrameKind::Data, tag(1), 5, 1);
+        assert!(st.on_first_frame(1, &bad, None).is_err());
+        let total = 3 * 4096;
+        let cut = Striping::new(total, 2, 4096);
+        let (o1, l1) = cut.range(1);
+        // A stripe of a message link 0 has not announced waits.
+        let early = header(0, tag(1), total, o1, l1);
+        assert!(matches!(
+            st.on_stripe(1, 1, &early, None).unwrap(),
+            Landing::Park
+        ));
+        let (o0, l0) = cut.range(0);
+        assert!(
+            st.on_first_frame(1, &header(0, tag(1), total, o0, l0 + 1), None)
+                .is_err()
+        );
+        assert!(matches!(
+            st.on_first_frame(1, &header(0, tag(1), total, o0, l0), None)
+                .unwrap(),
+            Landing::Owned(_)
+        ));
+        assert!(
+            st.on_stripe(1, 1, &header(0, tag(1), total, o1 + 1, l1 - 1), None)
+                .is_err()
+        );
+        assert!(
+            st.on_stripe(1, 1, &header(0, tag(2), total, o1, l1), None)
+                .is_err()
+        );
+        assert!(matches!(
+            st.on_stripe(1, 1, &early, None).unwrap(),
+            Landing::Owned(_)
+        ));
+        assert!(
+            st.on_stripe(1, 1, &early, None).is_err(),
+            "a stripe is taken once"
+        );
+        assert!(!st.on_bytes(1, 0, l0).unwrap());
+        assert!(st.on_bytes(1, 0, l1).unwrap());
+        assert_eq!(ready(&mut st, 1, tag(1)).len(), total as usize);
+        assert!(
+            st.on_stripe(1, 1, &early, None).is_err(),
+            "finished messages take no stripes"
+        );
+    }
+
+    #[test]
+    fn a_deadline_mid_message_moves_it_out_of_the_callers_buffer() {
+        let mut st = State::new(2, 1, 1 << 20, u64::MAX);
+        let Begin::Posted(id) = st.begin_recv(1, tag(1), Some(6)).unwrap() else {
+            panic!("nothing was queued");
+        };
+        let h = FrameHeader::whole(FrameKind::Data, tag(1), 0, 6);
+        assert!(matches!(
+            st.on_first_frame(1, &h, Some(id)).unwrap(),
+            Landing::Caller
+        ));
+        st.on_bytes(1, 0, 3).unwrap();
+        let own = *b"abc???";
+        let Withdrawn::Moved { seq: 0, base } = st.withdraw(1, id, Some(&own)) else {
+            panic!("the message was landing in the caller's buffer");
+        };
+        // SAFETY: `base` is the moved message's 6-byte buffer; the rest lands there.
+        unsafe { std::ptr::copy_nonoverlapping(b"def".as_ptr(), base.add(3), 3) };
+        st.on_bytes(1, 0, 3).unwrap();
+        assert_eq!(ready(&mut st, 1, tag(1)), b"abcdef");
+    }
+
+    #[test]
+    fn a_lost_peer_drains_first_and_notices_fail_fast() {
+        let mut st = State::new(2, 1, 1 << 20, u64::MAX);
+        land(&mut st, 1, 0, tag(1), b"kept");
+        assert!(st.on_failure(1, 1, tag(2), Failure::Failed).unwrap());
+        let err = match st.begin_recv(1, tag(2), None).unwrap() {
+            Begin::Ready(Outcome::Failure(f)) => f.into_error(1),
+            other => panic!("expected the notice, got {other:?}"),
+        };
+        assert!(matches!(err, CollectiveError::PeerFailed { peer: 1, .. }));
+        // A message still arriving is dropped only once no reader holds the link.
+        let h = FrameHeader::whole(FrameKind::Data, tag(3), 2, 10);
+        st.on_first_frame(1, &h, None).unwrap();
+        st.peers[1].links[0].holder = Holder::Background;
+        st.mark_lost(1, Lost::Gone("reset".into()));
+        assert_eq!(st.peers[1].arriving.len(), 1);
+        st.peers[1].links[0].holder = Holder::Free;
+        st.peers[1].drop_arriving_if_lost();
+        assert!(st.peers[1].arriving.is_empty());
+        assert_eq!(ready(&mut st, 1, tag(1)), b"kept");
+        assert!(matches!(
+            st.begin_recv(1, tag(3), None),
+            Err(CollectiveError::PeerLost { peer: 1, .. })
+        ));
+    }
+}

@@ -1,0 +1,496 @@
+//! [`TcpTransport`] and its [`TcpTransportBuilder`]: configuration, then the
+//! [`Transport`] methods on top of the [progress engine](crate::progress).
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rlx_transport::ifname::IfnameFilter;
+use rlx_transport::{
+    CollectiveError, DEFAULT_OP_TIMEOUT, Failure, LaunchEnv, Rendezvous, Result, Tag, Transport,
+};
+
+use crate::bootstrap::{self, BootConfig, SocketRole, SocketSetup, SocketSetupFn};
+use crate::frame::FrameKind;
+use crate::handshake::job_digest;
+use crate::matching::Outcome;
+use crate::progress::{DEFAULT_SPIN, Engine, EngineConfig, PeerIo};
+
+/// Default frame cap: the largest message accepted from the wire (`RLX_MAX_FRAME_BYTES`).
+pub const DEFAULT_MAX_FRAME_BYTES: u64 = 1 << 30;
+/// Default per-peer budget of unexpected bytes (messages nobody waits for yet).
+pub const DEFAULT_MAX_UNEXPECTED_BYTES: u64 = 64 << 20;
+/// Messages at least this long are striped over the links of a peer when there are several.
+pub const DEFAULT_MIN_STRIPED_BYTES: u64 = 256 << 10;
+
+/// The portable TCP transport: one or more TCP connections to every other rank, driven by the
+/// threads that call it.
+///
+/// Build one with [`TcpTransport::from_env`] (launched by torchrun, `mlx.launch`, Open MPI,
+/// PMI or Slurm, see [`rlx_transport::bootstrap`]) or [`TcpTransport::builder`]. Every
+/// blocking call ends: with data, at its deadline, with [`CollectiveError::PeerLost`] naming a
+/// peer that closed, crashed or reset, or with [`CollectiveError::Aborted`] after
+/// [`Transport::abort`]. Dropping the transport says goodbye to every peer (they see
+/// `PeerLost`), ends its background thread and closes every socket.
+///
+/// # Examples
+///
+/// Two ranks in one process, through a rendezvous store on loopback:
+///
+/// ```
+/// use rlx_net::TcpTransport;
+/// use rlx_transport::Transport;
+///
+/// let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+/// let peer = std::thread::spawn(move || {
+///     let t = TcpTransport::builder().rank(1).world_size(2).master("127.0.0.1", port).build()?;
+///     t.send_bytes(0, 7, b"hello")
+/// });
+/// let t = TcpTransport::builder().rank(0).world_size(2).master("127.0.0.1", port).build()?;
+/// assert_eq!(t.recv_bytes(1, 7)?, b"hello");
+/// peer.join().unwrap()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct TcpTransport {
+    rank: u32,
+    world: u32,
+    engine: Arc<Engine>,
+    watcher: Option<JoinHandle<()>>,
+}
+
+impl fmt::Debug for TcpTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TcpTransport")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world)
+            .field("op_timeout", &self.engine.op_timeout())
+            .field("aborted", &self.engine.is_aborted())
+            .finish()
+    }
+}
+
+/// Configures and builds a [`TcpTransport`]; see [`TcpTransport::builder`].
+#[derive(Clone)]
+pub struct TcpTransportBuilder {
+    rank: Option<u32>,
+    world: Option<u32>,
+    rendezvous: Option<Rendezvous>,
+    op_timeout: Duration,
+    connect_timeout: Option<Duration>,
+    job_id: Option<String>,
+    secret: Option<Vec<u8>>,
+    max_frame: u64,
+    max_unexpected: u64,
+    min_striped: u64,
+    sockets_per_peer: Option<u32>,
+    bind_ip: Option<IpAddr>,
+    ifname: Option<IfnameFilter>,
+    spin: Duration,
+    socket_setup: Option<SocketSetup>,
+}
+
+impl fmt::Debug for TcpTransportBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TcpTransportBuilder")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("rendezvous", &self.rendezvous)
+            .field("op_timeout", &self.op_timeout)
+            .field("job_id", &self.job_id)
+            .field("secret", &self.secret.as_ref().map(|_| "<set>"))
+            .field("max_frame", &self.max_frame)
+            .field("sockets_per_peer", &self.sockets_per_peer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for TcpTransportBuilder {
+    fn default() -> Self {
+        Self {
+            rank: None,
+            world: None,
+            rendezvous: None,
+            op_timeout: DEFAULT_OP_TIMEOUT,
+            connect_timeout: None,
+            job_id: None,
+            secret: None,
+            max_frame: DEFAULT_MAX_FRAME_BYTES,
+            max_unexpected: DEFAULT_MAX_UNEXPECTED_BYTES,
+            min_striped: DEFAULT_MIN_STRIPED_BYTES,
+            sockets_per_peer: None,
+            bind_ip: None,
+            ifname: None,
+            spin: DEFAULT_SPIN,
+            socket_setup: None,
+        }
+    }
+}
+
+impl TcpTransportBuilder {
+    /// This process's rank (required).
+    pub fn rank(mut self, rank: u32) -> Self {
+        self.rank = Some(rank);
+        self
+    }
+
+    /// The number of ranks (required unless a hostfile gives it).
+    pub fn world_size(mut self, world: u32) -> Self {
+        self.world = Some(world);
+        self
+    }
+
+    /// Every rank's listening addresses (`"host:port"`, one per link), as in an MLX hostfile.
+    pub fn hostfile(mut self, entries: Vec<Vec<String>>) -> Self {
+        self.rendezvous = Some(Rendezvous::Hostfile(entries));
+        self
+    }
+
+    /// A rendezvous store hosted by rank 0 at `host:port`.
+    pub fn master(mut self, host: impl Into<String>, port: u16) -> Self {
+        self.rendezvous = Some(Rendezvous::Store {
+            host: host.into(),
+            port,
+        });
+        self
+    }
+
+    /// How long blocking calls wait by default (and sends at most); default 300 s.
+    pub fn op_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = timeout;
+        self
+    }
+
+    /// How long bootstrap waits for every rank (default: the operation timeout).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// The job id; processes of different jobs refuse each other (default: derived from the
+    /// rendezvous).
+    pub fn job_id(mut self, id: impl Into<String>) -> Self {
+        self.job_id = Some(id.into());
+        self
+    }
+
+    /// A shared secret: peers prove they hold it (HMAC-SHA256 challenge–response).
+    pub fn job_secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
+        self.secret = Some(secret.into());
+        self
+    }
+
+    /// The frame cap: the largest message sent or accepted (default 1 GiB).
+    pub fn max_frame_bytes(mut self, cap: u64) -> Self {
+        self.max_frame = cap;
+        self
+    }
+
+    /// The per-peer budget of buffered messages nobody waits for yet (default 64 MiB); past it
+    /// the transport stops reading that peer, and TCP flow control pushes back.
+    pub fn max_unexpected_bytes(mut self, budget: u64) -> Self {
+        self.max_unexpected = budget;
+        self
+    }
+
+    /// Messages at least this long are striped over several links (default 256 KiB).
+    pub fn min_striped_bytes(mut self, bytes: u64) -> Self {
+        self.min_striped = bytes;
+        self
+    }
+
+    /// TCP connections per peer (default 1, or the number of addresses per hostfile entry).
+    pub fn sockets_per_peer(mut self, sockets: u32) -> Self {
+        self.sockets_per_peer = Some(sockets);
+        self
+    }
+
+    /// Listen on (and, with a store, advertise) this address instead of choosing one.
+    pub fn bind_addr(mut self, ip: IpAddr) -> Self {
+        self.bind_ip = Some(ip);
+        self
+    }
+
+    /// Choose the listening interface with an NCCL-style filter (`RLX_SOCKET_IFNAME`).
+    pub fn ifname(mut self, filter: IfnameFilter) -> Self {
+        self.ifname = Some(filter);
+        self
+    }
+
+    /// How long a receiving thread polls its sockets without blocking before it sleeps in
+    /// `poll(2)` (default 50 µs; `RLX_SPIN_US` with [`TcpTransport::from_env`]). Spinning saves
+    /// the wake-up latency of a blocking read at the price of CPU time; zero never spins.
+    pub fn spin(mut self, spin: Duration) -> Self {
+        self.spin = spin;
+        self
+    }
+
+    /// A hook that sees every socket bootstrap creates before it is used: each listening
+    /// socket (the links' listeners and rank 0's rendezvous store) before `bind`, with
+    /// [`SocketRole::Listen`] and the address it will be bound to, and each connecting socket
+    /// (to peers and to the store) before `connect`, with [`SocketRole::Connect`] and the
+    /// destination. Accepted connections inherit their listener's options. An error from the
+    /// hook fails the build: for a connecting socket as [`CollectiveError::Io`] naming the
+    /// peer and address, without further attempts.
+    ///
+    /// The Thunderbolt transport pins sockets to its link with it (`SO_BINDTODEVICE`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use rlx_net::{SocketRole, TcpTransport};
+    ///
+    /// let builder = TcpTransport::builder().socket_setup(|socket, role| {
+    ///     if let SocketRole::Connect(_) = role {
+    ///         socket.set_nodelay(true)?;
+    ///     }
+    ///     Ok(())
+    /// });
+    /// # drop(builder);
+    /// ```
+    pub fn socket_setup(
+        mut self,
+        hook: impl Fn(&socket2::Socket, SocketRole) -> std::io::Result<()> + Send + Sync + 'static,
+    ) -> Self {
+        let hook: Arc<SocketSetupFn> = Arc::new(hook);
+        self.socket_setup = Some(SocketSetup(hook));
+        self
+    }
+
+    /// Applies everything [`LaunchEnv`] read from the environment.
+    pub fn launch_env(mut self, env: LaunchEnv) -> Self {
+        self.rank = Some(env.rank);
+        self.world = Some(env.world_size);
+        self.rendezvous = Some(env.rendezvous);
+        self.op_timeout = env.op_timeout;
+        self.job_id = Some(env.job_id);
+        self.secret = env.job_secret;
+        self.ifname = env.ifname;
+        if let Some(n) = env.sockets_per_peer {
+            self.sockets_per_peer = Some(n);
+        }
+        if let Some(cap) = env.max_frame_bytes {
+            self.max_frame = cap;
+        }
+        self
+    }
+
+    /// Rendezvous with every rank, connect and handshake every link, and start the transport.
+    /// Waits up to the connect timeout for all ranks.
+    pub fn build(self) -> Result<TcpTransport> {
+        let rendezvous = self.rendezvous.ok_or_else(|| {
+            CollectiveError::config("no rendezvous: give a hostfile or a master address")
+        })?;
+        let world = match (&rendezvous, self.world) {
+            (_, Some(w)) => w,
+            (Rendezvous::Hostfile(h), None) => u32::try_from(h.len())
+                .map_err(|_| CollectiveError::config("the hostfile lists too many ranks"))?,
+            (Rendezvous::Store { .. }, None) => {
+                return Err(CollectiveError::config("no world size"));
+            }
+        };
+        if world == 0 {
+            return Err(CollectiveError::config("world size 0"));
+        }
+        let rank = self
+            .rank
+            .ok_or_else(|| CollectiveError::config("no rank given"))?;
+        if rank >= world {
+            return Err(CollectiveError::UnknownRank {
+                rank,
+                world_size: world,
+            });
+        }
+        if self.op_timeout.is_zero() || self.max_frame == 0 {
+            return Err(CollectiveError::config(
+                "the operation timeout and the frame cap must be positive",
+            ));
+        }
+        let links = match (self.sockets_per_peer, &rendezvous) {
+            (Some(n), _) => n,
+            (None, Rendezvous::Hostfile(h)) => h.iter().map(Vec::len).max().unwrap_or(1) as u32,
+            (None, Rendezvous::Store { .. }) => 1,
+        };
+        if !(1..=64).contains(&links) {
+            return Err(CollectiveError::config(format!(
+                "{links} sockets per peer (1 to 64 are supported)"
+            )));
+        }
+        let job_id = self
+            .job_id
+            .clone()
+            .unwrap_or_else(|| rendezvous.derived_job_id());
+        let cfg = BootConfig {
+            rank,
+            world,
+            rendezvous,
+            connect_timeout: self.connect_timeout.unwrap_or(self.op_timeout),
+            job: job_digest(&job_id),
+            secret: self.secret,
+            links,
+            bind_ip: self.bind_ip,
+            ifname: self.ifname,
+            socket_setup: self.socket_setup,
+        };
+        let established = bootstrap::establish(&cfg)?;
+        let peers = established
+            .links
+            .into_iter()
+            .zip(established.addrs)
+            .enumerate()
+            .map(|(r, (streams, addr))| (r as u32 != rank).then(|| PeerIo::new(streams, addr)))
+            .collect();
+        let engine = Engine::new(
+            rank,
+            world,
+            EngineConfig {
+                max_frame: self.max_frame,
+                max_unexpected: self.max_unexpected,
+                min_striped: self.min_striped.max(1),
+                op_timeout: self.op_timeout,
+                spin: self.spin,
+            },
+            peers,
+        )
+        .map_err(|source| CollectiveError::Io { peer: None, source })?;
+        let engine = Arc::new(engine);
+        let watcher = if world > 1 {
+            let e = Arc::clone(&engine);
+            Some(
+                std::thread::Builder::new()
+                    .name(format!("rlx-net-watch-{rank}"))
+                    .spawn(move || e.watch())
+                    .map_err(|source| CollectiveError::Io { peer: None, source })?,
+            )
+        } else {
+            None
+        };
+        Ok(TcpTransport {
+            rank,
+            world,
+            engine,
+            watcher,
+        })
+    }
+}
+
+impl TcpTransport {
+    /// A builder with defaults: 300 s operation timeout, 1 GiB frame cap, one socket per peer.
+    pub fn builder() -> TcpTransportBuilder {
+        TcpTransportBuilder::default()
+    }
+
+    /// Builds the transport from the launch environment (every variable of
+    /// [`rlx_transport::bootstrap`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// // RANK=0 WORLD_SIZE=2 MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 (torchrun's variables)
+    /// let transport = rlx_net::TcpTransport::from_env()?;
+    /// # Ok::<(), rlx_transport::CollectiveError>(())
+    /// ```
+    pub fn from_env() -> Result<TcpTransport> {
+        let mut builder = Self::builder().launch_env(LaunchEnv::from_env()?);
+        if let Ok(value) = std::env::var("RLX_SPIN_US") {
+            let us: u64 = value.trim().parse().map_err(|_| {
+                CollectiveError::config(format!("RLX_SPIN_US={value:?} is not a number"))
+            })?;
+            builder = builder.spin(Duration::from_micros(us));
+        }
+        builder.build()
+    }
+
+    /// The address of `rank`'s first link, when connected.
+    pub fn peer_addr(&self, rank: u32) -> Option<SocketAddr> {
+        self.engine.peer_addr(rank)
+    }
+
+    fn finish(&self, from: u32, outcome: Outcome) -> Result<Vec<u8>> {
+        match outcome {
+            Outcome::Owned(bytes) => Ok(bytes),
+            Outcome::Landed(_) => Err(CollectiveError::protocol(
+                Some(from),
+                "message landed in a buffer that was not given",
+            )),
+            Outcome::Failure(f) => Err(f.into_error(from)),
+            Outcome::TooLong { capacity, got } => Err(CollectiveError::LengthMismatch {
+                expected: capacity as u64,
+                got,
+            }),
+        }
+    }
+}
+
+impl Transport for TcpTransport {
+    fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    fn world_size(&self) -> u32 {
+        self.world
+    }
+
+    fn send_message(&self, to: u32, tag: Tag, parts: &[&[u8]]) -> Result<()> {
+        self.engine.send(to, FrameKind::Data, tag, parts)
+    }
+
+    fn recv_message(&self, from: u32, tag: Tag, timeout: Duration) -> Result<Option<Vec<u8>>> {
+        match self.engine.recv(from, tag, None, timeout)? {
+            Some(outcome) => self.finish(from, outcome).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn recv_message_into(
+        &self,
+        from: u32,
+        tag: Tag,
+        buf: &mut [u8],
+        timeout: Duration,
+    ) -> Result<Option<usize>> {
+        let capacity = buf.len();
+        match self.engine.recv(from, tag, Some(&mut *buf), timeout)? {
+            None => Ok(None),
+            Some(Outcome::Landed(n)) => Ok(Some(n)),
+            Some(Outcome::Owned(bytes)) => {
+                let dst = buf
+                    .get_mut(..bytes.len())
+                    .ok_or(CollectiveError::LengthMismatch {
+                        expected: capacity as u64,
+                        got: bytes.len() as u64,
+                    })?;
+                dst.copy_from_slice(&bytes);
+                Ok(Some(bytes.len()))
+            }
+            Some(Outcome::Failure(f)) => Err(f.into_error(from)),
+            Some(Outcome::TooLong { capacity, got }) => Err(CollectiveError::LengthMismatch {
+                expected: capacity as u64,
+                got,
+            }),
+        }
+    }
+
+    fn send_failure(&self, to: u32, tag: Tag, failure: Failure) -> Result<()> {
+        self.engine
+            .send(to, FrameKind::Failure, tag, &[&failure.encode()])
+    }
+
+    fn op_timeout(&self) -> Duration {
+        self.engine.op_timeout()
+    }
+
+    fn abort(&self) {
+        self.engine.abort();
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        self.engine.close();
+        if let Some(watcher) = self.watcher.take() {
+            let _ = watcher.join();
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! Shared harness of the multi-process tests: each test binary re-executes itself with
+//! `RLX_NET_TEST_ROLE` set to run one rank as a real process, and the parent starts, waits for
+//! (with a hard bound) and reaps those processes. The binaries use `harness = false`, so
+//! [`run`] also lists and runs the tests and prints libtest's summary line.
+
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of the harness"
+)]
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rlx_net::TcpTransport;
+use rlx_transport::{CollectiveError, Transport};
+
+/// Environment variable that selects a worker role in a re-executed test binary.
+pub(crate) const ROLE: &str = "RLX_NET_TEST_ROLE";
+
+/// A test: its name and body (which panics on failure).
+pub(crate) type Test = (&'static str, fn());
+
+/// Runs the worker role if one is selected, else every test whose name contains the first
+/// command-line filter; exits with libtest's conventions.
+pub(crate) fn run(tests: &[Test], worker: fn(&str) -> Result<(), String>) -> ! {
+    if let Ok(role) = std::env::var(ROLE) {
+        match worker(&role) {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                println!("worker error: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let selected: Vec<&Test> = tests
+        .iter()
+        .filter(|(name, _)| filter.as_deref().is_none_or(|f| name.contains(f)))
+        .collect();
+    println!("\nrunning {} tests", selected.len());
+    let start = Instant::now();
+    let mut failed = Vec::new();
+    for (name, body) in &selected {
+        let t = Instant::now();
+        let outcome = std::panic::catch_unwind(body);
+        match outcome {
+            Ok(()) => println!("test {name} ... ok ({:.1?})", t.elapsed()),
+            Err(_) => {
+                println!("test {name} ... FAILED");
+                failed.push(*name);
+            }
+        }
+    }
+    let passed = selected.len() - failed.len();
+    let verdict = if failed.is_empty() { "ok" } else { "FAILED" };
+    println!(
+        "\ntest result: {verdict}. {passed} passed; {} failed; 0 ignored; 0 measured; {} filtered out; finished in {:.2}s\n",
+        failed.len(),
+        tests.len() - selected.len(),
+        start.elapsed().as_secs_f64()
+    );
+    std::process::exit(i32::from(!failed.is_empty()));
+}
+
+/// A TCP port that was free a moment ago.
+pub(crate) fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local address").port()
+}
+
+/// Starts this test binary as a worker with `role` and the given environment.
+pub(crate) fn spawn(role: &str, env: &[(String, String)]) -> Child {
+    let exe = std::env::current_exe().expect("current exe");
+    let mut cmd = Command::new(exe);
+    cmd.env(ROLE, role)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for var in [
+        "RLX_RANK",
+        "RANK",
+        "MLX_RANK",
+        "OMPI_COMM_WORLD_RANK",
+        "PMI_RANK",
+        "SLURM_PROCID",
+        "RLX_WORLD_SIZE",
+        "WORLD_SIZE",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "SLURM_NTASKS",
+        "RLX_HOSTFILE",
+        "MLX_HOSTFILE",
+        "RLX_MASTER_ADDR",
+        "RLX_MASTER_PORT",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RLX_JOB_SECRET",
+        "RLX_JOB_ID",
+    ] {
+        cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn a worker")
+}
+
+/// Children that are killed and reaped if the test panics before waiting for them.
+#[derive(Debug, Default)]
+pub(crate) struct Reaper(pub(crate) Vec<Child>);
+
+impl Reaper {
+    /// Hands the children over to [`wait_all`].
+    pub(crate) fn take(&mut self) -> Vec<Child> {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// What a finished worker left behind.
+#[derive(Debug)]
+pub(crate) struct Finished {
+    pub(crate) ok: bool,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+}
+
+/// Waits for every child at most `limit` in total; kills and reaps the ones still running
+/// and fails the test if any had to be killed.
+pub(crate) fn wait_all(children: Vec<Child>, limit: Duration) -> Vec<Finished> {
+    let deadline = Instant::now() + limit;
+    let mut out = Vec::new();
+    let mut hung = Vec::new();
+    for (i, mut child) in children.into_iter().enumerate() {
+        let status = loop {
+            match child.try_wait().expect("try_wait") {
+                Some(status) => break Some(status),
+                None if Instant::now() >= deadline => break None,
+                None => std::thread::sleep(Duration::from_millis(10)),
+            }
+        };
+        if status.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+            hung.push(i);
+        }
+        let mut stdout = String::new();
+        let mut stderr = String::new();
+        if let Some(mut s) = child.stdout.take() {
+            let _ = s.read_to_string(&mut stdout);
+        }
+        if let Some(mut s) = child.stderr.take() {
+            let _ = s.read_to_string(&mut stderr);
+        }
+        out.push(Finished {
+            ok: status.is_some_and(|s| s.success()),
+            stdout,
+            stderr,
+        });
+    }
+    assert!(hung.is_empty(), "workers {hung:?} hung: {out:#?}");
+    out
+}
+
+/// Asserts that every worker succeeded, printing all their output otherwise.
+pub(crate) fn assert_all_ok(done: &[Finished]) {
+    for (i, f) in done.iter().enumerate() {
+        assert!(f.ok, "worker {i} failed: {done:#?}");
+    }
+}
+
+/// Environment for rank `rank` of a store-rendezvous job under the `RLX_*` names.
+pub(crate) fn rlx_env(rank: u32, world: u32, host: &str, port: u16) -> Vec<(String, String)> {
+    vec![
+        ("RLX_RANK".into(), rank.to_string()),
+        ("RLX_WORLD_SIZE".into(), world.to_string()),
+        ("RLX_MASTER_ADDR".into(), host.into()),
+        ("RLX_MASTER_PORT".into(), port.to_string()),
+        ("RLX_TIMEOUT_MS".into(), "30000".into()),
+    ]
+}
+
+/// A hostfile of `world` loopback ranks with one free port each, as JSON.
+pub(crate) fn loopback_hostfile(world: u32) -> (String, Vec<u16>) {
+    let ports: Vec<u16> = (0..world).map(|_| free_port()).collect();
+    let entries: Vec<String> = ports
+        .iter()
+        .map(|p| format!("[\"127.0.0.1:{p}\"]"))
+        .collect();
+    (format!("[{}]", entries.join(",")), ports)
+}
+
+/// Milliseconds since the Unix epoch (for comparing times across processes).
+pub(crate) fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
+/// Number of threads of this process.
+pub(crate) fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
+}
+
+/// A deterministic byte pattern for message `index` of `len` bytes from `from`.
+pub(crate) fn pattern(from: u32, index: u64, len: usize) -> Vec<u8> {
+    let mut x = (u64::from(from) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ index.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Builds the transport of the current worker from its environment.
+pub(crate) fn from_env() -> Result<TcpTransport, String> {
+    TcpTransport::from_env().map_err(|e| format!("from_env: {e}"))
+}
+
+/// A ring exchange and a barrier: every rank sends a checked message to the next and receives
+/// one from the previous.
+pub(crate) fn ring_check(t: &dyn Transport) -> Result<(), String> {
+    let (rank, n) = (t.rank(), t.world_size());
+    let next = (rank + 1) % n;
+    let prev = (rank + n - 1) % n;
+    for (i, len) in [0usize, 1, 13, 4096, 100_003].into_iter().enumerate() {
+        t.send_bytes(next, 5, &pattern(rank, i as u64, len))
+            .map_err(|e| e.to_string())?;
+        let got = t.recv_bytes(prev, 5).map_err(|e| e.to_string())?;
+        if got != pattern(prev, i as u64, len) {
+            return Err(format!(
+                "rank {rank}: wrong bytes from {prev} at size {len}"
+            ));
+        }
+    }
+    t.barrier().map_err(|e| e.to_string())?;
+    println!("ok rank {rank} of {n}");
+    Ok(())
+}
+
+/// Formats an error with its variant, for assertions in the parent.
+pub(crate) fn describe(e: &CollectiveError) -> String {
+    format!("{e:?} / {e}")
+}

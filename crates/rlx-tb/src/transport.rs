@@ -1,0 +1,311 @@
+//! [`ThunderboltTransport`] and its [`ThunderboltTransportBuilder`]: `rlx-net`'s
+//! [`TcpTransport`] with every socket pinned to a Thunderbolt link, and the symmetric heap
+//! served over it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rlx_net::{TcpTransport, TcpTransportBuilder};
+use rlx_transport::ifname::IfnameFilter;
+use rlx_transport::{
+    CollectiveError, Failure, LaunchEnv, NativeCollectives, Rendezvous, Result, Symmetric, Tag,
+    Transport,
+};
+
+use crate::bootstrap::{LinkMap, Resolved, kernel_route, plan};
+use crate::discovery::{self, Interface};
+use crate::sys;
+
+/// The symmetric one-sided heap served over Thunderbolt links; see
+/// [`ThunderboltTransport::with_heap`].
+pub type ThunderboltHeap = Symmetric<ThunderboltTransport>;
+
+/// The Thunderbolt transport: the TCP transport of `rlx-net` — same rendezvous, handshake,
+/// framing, progress and failure detection — with every listening and connecting socket pinned
+/// to a Thunderbolt link (`SO_BINDTODEVICE` on Linux, `IP_BOUND_IF`/`IPV6_BOUND_IF` on
+/// macOS), listening on and advertising the link's own address.
+///
+/// Build one with [`ThunderboltTransport::from_env`] (the launch variables of
+/// [`rlx_transport::bootstrap`], plus `RLX_TB_IFNAME`) or [`ThunderboltTransport::builder`].
+/// The build fails with [`CollectiveError::Config`] when no Thunderbolt link is up (listing
+/// every interface seen) or when an address of the rendezvous is routed through another
+/// interface; it never falls back to another network. Several links to a peer come from a
+/// hostfile whose entries list several addresses, one per link.
+///
+/// Blocking calls, failures and `Drop` behave as those of [`TcpTransport`].
+///
+/// # Examples
+///
+/// ```no_run
+/// use rlx_tb::ThunderboltTransport;
+/// use rlx_transport::Transport;
+///
+/// // RLX_RANK=1 RLX_WORLD_SIZE=2 RLX_MASTER_ADDR=169.254.10.1 RLX_MASTER_PORT=29500
+/// let transport = ThunderboltTransport::from_env()?;
+/// println!("rank {} on {:?}", transport.rank(), transport.links()[0].name);
+/// transport.barrier()?;
+/// # Ok::<(), rlx_transport::CollectiveError>(())
+/// ```
+#[derive(Debug)]
+pub struct ThunderboltTransport {
+    inner: TcpTransport,
+    links: Vec<Interface>,
+    home: Interface,
+}
+
+/// Configures and builds a [`ThunderboltTransport`]; see [`ThunderboltTransport::builder`].
+#[derive(Clone, Debug, Default)]
+pub struct ThunderboltTransportBuilder {
+    tcp: TcpTransportBuilder,
+    rank: Option<u32>,
+    rendezvous: Option<Rendezvous>,
+    ifname: Option<IfnameFilter>,
+    links: Option<Vec<Interface>>,
+}
+
+impl ThunderboltTransportBuilder {
+    /// This process's rank (required).
+    pub fn rank(mut self, rank: u32) -> Self {
+        self.rank = Some(rank);
+        self.tcp = self.tcp.rank(rank);
+        self
+    }
+
+    /// The number of ranks (required unless a hostfile gives it).
+    pub fn world_size(mut self, world: u32) -> Self {
+        self.tcp = self.tcp.world_size(world);
+        self
+    }
+
+    /// Every rank's listening addresses on its links (`"host:port"`, IPv6 link-local ones as
+    /// `"[fe80::1%thunderbolt0]:5000"`), one per link, as in an MLX hostfile.
+    pub fn hostfile(mut self, entries: Vec<Vec<String>>) -> Self {
+        self.rendezvous = Some(Rendezvous::Hostfile(entries.clone()));
+        self.tcp = self.tcp.hostfile(entries);
+        self
+    }
+
+    /// A rendezvous store hosted by rank 0 at `host:port`, an address of one of rank 0's links.
+    pub fn master(mut self, host: impl Into<String>, port: u16) -> Self {
+        let host = host.into();
+        self.rendezvous = Some(Rendezvous::Store {
+            host: host.clone(),
+            port,
+        });
+        self.tcp = self.tcp.master(host, port);
+        self
+    }
+
+    /// How long blocking calls wait by default; see [`TcpTransportBuilder::op_timeout`].
+    pub fn op_timeout(mut self, timeout: Duration) -> Self {
+        self.tcp = self.tcp.op_timeout(timeout);
+        self
+    }
+
+    /// How long bootstrap waits for every rank; see [`TcpTransportBuilder::connect_timeout`].
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.tcp = self.tcp.connect_timeout(timeout);
+        self
+    }
+
+    /// Chooses the links with an NCCL-style filter instead of `RLX_TB_IFNAME` (see
+    /// [`select_links`](crate::select_links) for what it selects).
+    pub fn ifname(mut self, filter: IfnameFilter) -> Self {
+        self.ifname = Some(filter);
+        self
+    }
+
+    /// Uses exactly these links, skipping discovery (for example links from
+    /// [`discover`](crate::discover) that the caller filtered further).
+    pub fn links(mut self, links: Vec<Interface>) -> Self {
+        self.links = Some(links);
+        self
+    }
+
+    /// Adjusts the underlying [`TcpTransportBuilder`] (frame cap, secret, job id, sockets per
+    /// peer, ...). Its bind address and socket setup hook are replaced at build time by the
+    /// link's address and the pinning hook; set the rank and the rendezvous on this builder.
+    pub fn tcp(mut self, adjust: impl FnOnce(TcpTransportBuilder) -> TcpTransportBuilder) -> Self {
+        self.tcp = adjust(self.tcp);
+        self
+    }
+
+    /// Applies everything [`LaunchEnv`] read from the environment, except
+    /// `RLX_SOCKET_IFNAME`: Thunderbolt links are chosen by discovery and `RLX_TB_IFNAME`.
+    pub fn launch_env(mut self, env: LaunchEnv) -> Self {
+        self.rank = Some(env.rank);
+        self.rendezvous = Some(env.rendezvous.clone());
+        self.tcp = self.tcp.launch_env(LaunchEnv {
+            ifname: None,
+            ..env
+        });
+        self
+    }
+
+    /// Finds the links, checks the rendezvous against them, then rendezvous with every rank,
+    /// connecting and handshaking every link pinned; waits up to the connect timeout for all
+    /// ranks.
+    ///
+    /// Fails with `Config` when no link is up (listing the interfaces seen), when this rank's
+    /// addresses do not belong to a link, or when the route to a peer's or the store's
+    /// address leaves through another interface; with `Io` naming the peer when a peer
+    /// advertised through the store cannot be reached over a link.
+    pub fn build(self) -> Result<ThunderboltTransport> {
+        let rendezvous = self.rendezvous.ok_or_else(|| {
+            CollectiveError::config("no rendezvous: give a hostfile or a master address")
+        })?;
+        let rank = self
+            .rank
+            .ok_or_else(|| CollectiveError::config("no rank given"))?;
+        let seen = sys::list_interfaces()?;
+        let links = match self.links {
+            Some(links) => links,
+            None => {
+                let filter = match self.ifname {
+                    Some(filter) => Some(filter),
+                    None => discovery::filter_from_env()?,
+                };
+                discovery::select_links(&seen, filter.as_ref())?
+            }
+        };
+        let resolved = Resolved::resolve(&rendezvous)?;
+        let plan = plan(rank, &resolved, LinkMap::new(links, seen)?, &kernel_route)?;
+        let map = Arc::new(plan.map);
+        let pinning = Arc::clone(&map);
+        let mut tcp = self
+            .tcp
+            .socket_setup(move |socket, role| pinning.pin(socket, role));
+        if let Some(ip) = plan.bind {
+            tcp = tcp.bind_addr(ip);
+        }
+        let inner = tcp.build()?;
+        Ok(ThunderboltTransport {
+            inner,
+            links: map.links().to_vec(),
+            home: map.home().clone(),
+        })
+    }
+
+    /// [`build`](Self::build), then [`ThunderboltTransport::with_heap`].
+    pub fn build_with_heap(self, heap_size: u64) -> Result<ThunderboltHeap> {
+        self.build()?.with_heap(heap_size)
+    }
+}
+
+impl ThunderboltTransport {
+    /// A builder with the defaults of [`TcpTransport::builder`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use rlx_tb::ThunderboltTransport;
+    ///
+    /// // Two Macs cabled twice: rank 0 listens on both links, rank 1 reaches it over both.
+    /// let hostfile = vec![
+    ///     vec!["169.254.1.1:5000".to_owned(), "169.254.2.1:5000".to_owned()],
+    ///     vec!["169.254.1.2:5000".to_owned(), "169.254.2.2:5000".to_owned()],
+    /// ];
+    /// let transport = ThunderboltTransport::builder().rank(0).hostfile(hostfile).build()?;
+    /// # Ok::<(), rlx_transport::CollectiveError>(())
+    /// ```
+    pub fn builder() -> ThunderboltTransportBuilder {
+        ThunderboltTransportBuilder::default()
+    }
+
+    /// Builds the transport from the launch environment: every variable of
+    /// [`rlx_transport::bootstrap`] except `RLX_SOCKET_IFNAME`, with `RLX_TB_IFNAME` choosing
+    /// the links when detection should not.
+    pub fn from_env() -> Result<ThunderboltTransport> {
+        Self::builder().launch_env(LaunchEnv::from_env()?).build()
+    }
+
+    /// Wraps the transport in a symmetric heap of `heap_size` bytes (every rank must choose the
+    /// same size), served over the same pinned links; see [`Symmetric::new`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use rlx_tb::ThunderboltTransport;
+    /// use rlx_transport::symmetric::SymmetricTransport;
+    /// use rlx_transport::Transport;
+    ///
+    /// let heap = ThunderboltTransport::from_env()?.with_heap(1 << 20)?;
+    /// let counter = heap.alloc(8)?;
+    /// heap.fetch_add(0, counter.offset(), 1)?;
+    /// heap.barrier()?;
+    /// # Ok::<(), rlx_transport::CollectiveError>(())
+    /// ```
+    pub fn with_heap(self, heap_size: u64) -> Result<ThunderboltHeap> {
+        Symmetric::new(Arc::new(self), heap_size)
+    }
+
+    /// The Thunderbolt links in use, in discovery order.
+    pub fn links(&self) -> &[Interface] {
+        &self.links
+    }
+
+    /// The link of the rendezvous: where the store is reached (or hosted) or where this rank's
+    /// first hostfile address lives.
+    pub fn home_link(&self) -> &Interface {
+        &self.home
+    }
+
+    /// The TCP transport underneath.
+    pub fn tcp(&self) -> &TcpTransport {
+        &self.inner
+    }
+
+    /// The address of `rank`'s first link, when connected.
+    pub fn peer_addr(&self, rank: u32) -> Option<SocketAddr> {
+        self.inner.peer_addr(rank)
+    }
+}
+
+impl Transport for ThunderboltTransport {
+    fn rank(&self) -> u32 {
+        self.inner.rank()
+    }
+
+    fn world_size(&self) -> u32 {
+        self.inner.world_size()
+    }
+
+    fn send_message(&self, to: u32, tag: Tag, parts: &[&[u8]]) -> Result<()> {
+        self.inner.send_message(to, tag, parts)
+    }
+
+    fn recv_message(&self, from: u32, tag: Tag, timeout: Duration) -> Result<Option<Vec<u8>>> {
+        self.inner.recv_message(from, tag, timeout)
+    }
+
+    fn recv_message_into(
+        &self,
+        from: u32,
+        tag: Tag,
+        buf: &mut [u8],
+        timeout: Duration,
+    ) -> Result<Option<usize>> {
+        self.inner.recv_message_into(from, tag, buf, timeout)
+    }
+
+    fn send_failure(&self, to: u32, tag: Tag, failure: Failure) -> Result<()> {
+        self.inner.send_failure(to, tag, failure)
+    }
+
+    fn op_timeout(&self) -> Duration {
+        self.inner.op_timeout()
+    }
+
+    fn abort(&self) {
+        self.inner.abort();
+    }
+
+    fn native_collectives(&self) -> Option<&dyn NativeCollectives> {
+        self.inner.native_collectives()
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.inner.barrier()
+    }
+}

@@ -1,0 +1,477 @@
+//! Launch conventions shared by the socket transports (TCP now, Thunderbolt next): which
+//! environment variables name the rank, the world size, the rendezvous and the knobs, and how an
+//! MLX-style hostfile reads.
+//!
+//! Nothing here opens a socket. [`LaunchEnv::from_env`] reads the process environment;
+//! [`LaunchEnv::from_lookup`] takes any lookup function so every convention is testable.
+//!
+//! | what | variables, first set wins |
+//! |---|---|
+//! | rank | `RLX_RANK`, `RANK` (torchrun), `MLX_RANK`, `OMPI_COMM_WORLD_RANK`, `PMI_RANK`, `SLURM_PROCID` |
+//! | world size | `RLX_WORLD_SIZE`, `WORLD_SIZE`, `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`, `SLURM_NTASKS`, else the hostfile's length |
+//! | addresses | `RLX_HOSTFILE` (else `MLX_HOSTFILE`): a JSON file; or `RLX_MASTER_ADDR`/`RLX_MASTER_PORT`, else `MASTER_ADDR`/`MASTER_PORT` |
+//! | interface | `RLX_SOCKET_IFNAME` ([`IfnameFilter`] syntax) |
+//! | timeout | `RLX_TIMEOUT_MS` (default [`DEFAULT_OP_TIMEOUT`]) |
+//! | security | `RLX_JOB_SECRET` (HMAC key), `RLX_JOB_ID` (else derived from the rendezvous) |
+//! | links | `RLX_SOCKETS_PER_PEER`, `RLX_MAX_FRAME_BYTES` |
+
+use std::time::Duration;
+
+use crate::ifname::IfnameFilter;
+use crate::{CollectiveError, DEFAULT_OP_TIMEOUT, Result};
+
+/// Variables that may carry the rank, in the order they are consulted.
+pub const RANK_VARS: &[&str] = &[
+    "RLX_RANK",
+    "RANK",
+    "MLX_RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "SLURM_PROCID",
+];
+
+/// Variables that may carry the world size, in the order they are consulted.
+pub const WORLD_SIZE_VARS: &[&str] = &[
+    "RLX_WORLD_SIZE",
+    "WORLD_SIZE",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_SIZE",
+    "SLURM_NTASKS",
+];
+
+/// Largest hostfile this parser reads; a real hostfile is a few kilobytes.
+const MAX_HOSTFILE_BYTES: u64 = 16 << 20;
+
+/// How the ranks find each other.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rendezvous {
+    /// Every rank's listening addresses are known up front: entry `r` lists rank `r`'s
+    /// `"host:port"` strings, one per link (MLX's hostfile format).
+    Hostfile(Vec<Vec<String>>),
+    /// Rank 0 hosts a small store at `host:port` where every rank publishes its listening
+    /// address and from which all read the table (torchrun's `MASTER_ADDR`/`MASTER_PORT`).
+    Store {
+        /// Host name or address of rank 0.
+        host: String,
+        /// Port of the store.
+        port: u16,
+    },
+}
+
+impl Rendezvous {
+    /// A job id derived from the rendezvous, so that two jobs started with different
+    /// rendezvous never accept each other's connections.
+    pub fn derived_job_id(&self) -> String {
+        match self {
+            Rendezvous::Hostfile(entries) => {
+                let flat: Vec<String> = entries.iter().map(|e| e.join(",")).collect();
+                format!("hostfile:{}", flat.join(";"))
+            }
+            Rendezvous::Store { host, port } => format!("store:{host}:{port}"),
+        }
+    }
+}
+
+/// Everything a socket transport reads from the environment; see the module docs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LaunchEnv {
+    /// This process's rank.
+    pub rank: u32,
+    /// Number of ranks.
+    pub world_size: u32,
+    /// How the ranks find each other.
+    pub rendezvous: Rendezvous,
+    /// `RLX_SOCKET_IFNAME`, when set.
+    pub ifname: Option<IfnameFilter>,
+    /// `RLX_TIMEOUT_MS`, or [`DEFAULT_OP_TIMEOUT`].
+    pub op_timeout: Duration,
+    /// `RLX_JOB_SECRET`, when set (never printed by `Debug`).
+    pub job_secret: Option<Vec<u8>>,
+    /// `RLX_JOB_ID`, or [`Rendezvous::derived_job_id`].
+    pub job_id: String,
+    /// `RLX_SOCKETS_PER_PEER`, when set.
+    pub sockets_per_peer: Option<u32>,
+    /// `RLX_MAX_FRAME_BYTES`, when set.
+    pub max_frame_bytes: Option<u64>,
+}
+
+impl std::fmt::Debug for LaunchEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaunchEnv")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("rendezvous", &self.rendezvous)
+            .field("ifname", &self.ifname)
+            .field("op_timeout", &self.op_timeout)
+            .field("job_secret", &self.job_secret.as_ref().map(|_| "<set>"))
+            .field("job_id", &self.job_id)
+            .field("sockets_per_peer", &self.sockets_per_peer)
+            .field("max_frame_bytes", &self.max_frame_bytes)
+            .finish()
+    }
+}
+
+impl LaunchEnv {
+    /// Reads the process environment (see the module docs for every variable).
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the launch configuration through `lookup` (a variable name to its value), reading
+    /// the hostfile it names from disk.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let rank = first_number(&get, RANK_VARS, "rank")?;
+        let declared_world = first_number(&get, WORLD_SIZE_VARS, "world size")?;
+
+        let hostfile = ["RLX_HOSTFILE", "MLX_HOSTFILE"]
+            .iter()
+            .find_map(|name| get(name).map(|value| (*name, value)));
+        let rendezvous = match hostfile {
+            Some((name, value)) => Rendezvous::Hostfile(read_hostfile(name, &value)?),
+            None => store_from(&get)?,
+        };
+
+        let world_size = match (declared_world, &rendezvous) {
+            (Some(n), Rendezvous::Hostfile(entries)) if n as usize != entries.len() => {
+                return Err(CollectiveError::config(format!(
+                    "world size {n} disagrees with the hostfile, which lists {} ranks",
+                    entries.len()
+                )));
+            }
+            (Some(n), _) => n,
+            (None, Rendezvous::Hostfile(entries)) => u32::try_from(entries.len())
+                .map_err(|_| CollectiveError::config("the hostfile lists too many ranks"))?,
+            (None, Rendezvous::Store { .. }) => {
+                return Err(CollectiveError::config(format!(
+                    "no world size: set one of {} (or use RLX_HOSTFILE)",
+                    WORLD_SIZE_VARS.join(", ")
+                )));
+            }
+        };
+        if world_size == 0 {
+            return Err(CollectiveError::config("world size 0"));
+        }
+        let rank = match rank {
+            Some(r) if r < world_size => r,
+            Some(r) => {
+                return Err(CollectiveError::config(format!(
+                    "rank {r} is outside a world of size {world_size}"
+                )));
+            }
+            None if world_size == 1 => 0,
+            None => {
+                return Err(CollectiveError::config(format!(
+                    "no rank: set one of {}",
+                    RANK_VARS.join(", ")
+                )));
+            }
+        };
+
+        let ifname = get("RLX_SOCKET_IFNAME")
+            .map(|spec| IfnameFilter::parse(&spec))
+            .transpose()?;
+        let op_timeout = match parse_var::<u64>(&get, "RLX_TIMEOUT_MS")? {
+            Some(0) => return Err(CollectiveError::config("RLX_TIMEOUT_MS must be positive")),
+            Some(ms) => Duration::from_millis(ms),
+            None => DEFAULT_OP_TIMEOUT,
+        };
+        let sockets_per_peer = match parse_var::<u32>(&get, "RLX_SOCKETS_PER_PEER")? {
+            Some(0) => {
+                return Err(CollectiveError::config(
+                    "RLX_SOCKETS_PER_PEER must be at least 1",
+                ));
+            }
+            other => other,
+        };
+        let max_frame_bytes = match parse_var::<u64>(&get, "RLX_MAX_FRAME_BYTES")? {
+            Some(0) => {
+                return Err(CollectiveError::config(
+                    "RLX_MAX_FRAME_BYTES must be positive",
+                ));
+            }
+            other => other,
+        };
+        let job_secret = lookup("RLX_JOB_SECRET")
+            .filter(|s| !s.is_empty())
+            .map(String::into_bytes);
+        let job_id = get("RLX_JOB_ID").unwrap_or_else(|| rendezvous.derived_job_id());
+        Ok(Self {
+            rank,
+            world_size,
+            rendezvous,
+            ifname,
+            op_timeout,
+            job_secret,
+            job_id,
+            sockets_per_peer,
+            max_frame_bytes,
+        })
+    }
+}
+
+/// Parses an MLX hostfile: a JSON list with one entry per rank, each a list of `"host:port"`
+/// strings. A bare string entry is accepted as a list of one. `origin` names the source in
+/// errors.
+pub fn parse_hostfile(origin: &str, text: &str) -> Result<Vec<Vec<String>>> {
+    let bad = |why: String| CollectiveError::config(format!("hostfile {origin}: {why}"));
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let serde_json::Value::Array(ranks) = value else {
+        return Err(bad("expected a list with one entry per rank".to_owned()));
+    };
+    if ranks.is_empty() {
+        return Err(bad("lists no rank".to_owned()));
+    }
+    let mut out = Vec::with_capacity(ranks.len());
+    for (rank, entry) in ranks.into_iter().enumerate() {
+        let addresses = match entry {
+            serde_json::Value::String(s) => vec![s],
+            serde_json::Value::Array(items) => items
+                .into_iter()
+                .map(|item| match item {
+                    serde_json::Value::String(s) => Ok(s),
+                    other => Err(bad(format!(
+                        "rank {rank}: expected \"host:port\" strings, found {other}"
+                    ))),
+                })
+                .collect::<Result<Vec<_>>>()?,
+            other => {
+                return Err(bad(format!(
+                    "rank {rank}: expected a list of \"host:port\" strings, found {other}"
+                )));
+            }
+        };
+        if addresses.is_empty() {
+            return Err(bad(format!("rank {rank} has no address")));
+        }
+        for address in &addresses {
+            split_host_port(address).map_err(|e| bad(format!("rank {rank}: {e}")))?;
+        }
+        out.push(addresses);
+    }
+    Ok(out)
+}
+
+/// Splits `"host:port"` (or `"[v6]:port"`) into its host and port.
+pub fn split_host_port(address: &str) -> Result<(String, u16)> {
+    let bad = || CollectiveError::config(format!("{address:?} is not \"host:port\""));
+    let (host, port) = address.rsplit_once(':').ok_or_else(bad)?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.is_empty() {
+        return Err(bad());
+    }
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    Ok((host.to_owned(), port))
+}
+
+fn read_hostfile(variable: &str, value: &str) -> Result<Vec<Vec<String>>> {
+    // An inline list is convenient in tests and scripts; a path is MLX's convention.
+    if value.trim_start().starts_with('[') {
+        return parse_hostfile(variable, value);
+    }
+    let file = std::fs::File::open(value)
+        .map_err(|e| CollectiveError::config(format!("{variable}={value}: cannot open: {e}")))?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut std::io::Read::take(file, MAX_HOSTFILE_BYTES),
+        &mut text,
+    )
+    .map_err(|e| CollectiveError::config(format!("{variable}={value}: cannot read: {e}")))?;
+    parse_hostfile(value, &text)
+}
+
+fn store_from(get: &impl Fn(&str) -> Option<String>) -> Result<Rendezvous> {
+    for (addr_var, port_var) in [
+        ("RLX_MASTER_ADDR", "RLX_MASTER_PORT"),
+        ("MASTER_ADDR", "MASTER_PORT"),
+    ] {
+        let Some(host) = get(addr_var) else {
+            continue;
+        };
+        let port = parse_var::<u16>(get, port_var)?.ok_or_else(|| {
+            CollectiveError::config(format!("{addr_var} is set but {port_var} is not"))
+        })?;
+        let host = host.trim();
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        return Ok(Rendezvous::Store {
+            host: host.to_owned(),
+            port,
+        });
+    }
+    Err(CollectiveError::config(
+        "no rendezvous: set RLX_HOSTFILE, or RLX_MASTER_ADDR and RLX_MASTER_PORT (or torchrun's MASTER_ADDR and MASTER_PORT)",
+    ))
+}
+
+fn first_number(
+    get: &impl Fn(&str) -> Option<String>,
+    names: &[&str],
+    what: &str,
+) -> Result<Option<u32>> {
+    for name in names {
+        if let Some(value) = get(name) {
+            return value.trim().parse().map(Some).map_err(|_| {
+                CollectiveError::config(format!("{name}={value:?} is not a valid {what}"))
+            });
+        }
+    }
+    Ok(None)
+}
+
+fn parse_var<T: std::str::FromStr>(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &str,
+) -> Result<Option<T>> {
+    get(name)
+        .map(|value| {
+            value.trim().parse().map_err(|_| {
+                CollectiveError::config(format!("{name}={value:?} is not a valid number"))
+            })
+        })
+        .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    #[test]
+    fn every_rank_convention() {
+        for var in RANK_VARS {
+            let e = LaunchEnv::from_lookup(env(&[
+                (var, "2"),
+                ("WORLD_SIZE", "4"),
+                ("MASTER_ADDR", "10.0.0.1"),
+                ("MASTER_PORT", "29500"),
+            ]))
+            .unwrap();
+            assert_eq!((e.rank, e.world_size), (2, 4), "{var}");
+        }
+        for var in WORLD_SIZE_VARS {
+            let e = LaunchEnv::from_lookup(env(&[
+                ("PMI_RANK", "1"),
+                (var, "3"),
+                ("RLX_MASTER_ADDR", "[::1]"),
+                ("RLX_MASTER_PORT", "1"),
+            ]))
+            .unwrap();
+            assert_eq!(e.world_size, 3, "{var}");
+            assert_eq!(
+                e.rendezvous,
+                Rendezvous::Store {
+                    host: "::1".into(),
+                    port: 1
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn rlx_variables_win_over_launcher_ones() {
+        let e = LaunchEnv::from_lookup(env(&[
+            ("RLX_RANK", "0"),
+            ("RANK", "5"),
+            ("RLX_WORLD_SIZE", "2"),
+            ("WORLD_SIZE", "9"),
+            ("RLX_MASTER_ADDR", "a"),
+            ("RLX_MASTER_PORT", "7"),
+            ("MASTER_ADDR", "b"),
+            ("MASTER_PORT", "8"),
+            ("RLX_TIMEOUT_MS", "1500"),
+            ("RLX_SOCKETS_PER_PEER", "3"),
+            ("RLX_MAX_FRAME_BYTES", "4096"),
+            ("RLX_JOB_SECRET", "s3cret"),
+            ("RLX_SOCKET_IFNAME", "^lo"),
+        ]))
+        .unwrap();
+        assert_eq!((e.rank, e.world_size), (0, 2));
+        assert_eq!(e.job_id, "store:a:7");
+        assert_eq!(e.op_timeout, Duration::from_millis(1500));
+        assert_eq!(e.sockets_per_peer, Some(3));
+        assert_eq!(e.max_frame_bytes, Some(4096));
+        assert_eq!(e.job_secret.as_deref(), Some(&b"s3cret"[..]));
+        assert!(!format!("{e:?}").contains("s3cret"));
+        assert!(e.ifname.unwrap().is_exclusion());
+    }
+
+    #[test]
+    fn hostfile_gives_the_world_size() {
+        let e = LaunchEnv::from_lookup(env(&[
+            ("MLX_RANK", "1"),
+            (
+                "RLX_HOSTFILE",
+                r#"[["127.0.0.1:5000"], ["127.0.0.1:5001", "[::1]:5002"]]"#,
+            ),
+        ]))
+        .unwrap();
+        assert_eq!(e.world_size, 2);
+        let Rendezvous::Hostfile(h) = &e.rendezvous else {
+            panic!("expected a hostfile");
+        };
+        assert_eq!(h[1], vec!["127.0.0.1:5001", "[::1]:5002"]);
+        assert!(e.job_id.starts_with("hostfile:"));
+    }
+
+    #[test]
+    fn bad_configurations_are_named() {
+        let cases: &[&[(&str, &str)]] = &[
+            &[("RANK", "x"), ("WORLD_SIZE", "2")],
+            &[("RANK", "0"), ("WORLD_SIZE", "2")],
+            &[
+                ("RANK", "3"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "h"),
+                ("MASTER_PORT", "1"),
+            ],
+            &[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")],
+            &[("RANK", "0"), ("RLX_HOSTFILE", "[]")],
+            &[("RANK", "0"), ("RLX_HOSTFILE", "[[\"nohost\"]]")],
+            &[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "3"),
+                ("RLX_HOSTFILE", "[\"h:1\"]"),
+            ],
+            &[
+                ("RANK", "0"),
+                ("RLX_HOSTFILE", "/nonexistent/hostfile.json"),
+            ],
+            &[("RLX_HOSTFILE", "[\"h:1\"]"), ("RLX_TIMEOUT_MS", "0")],
+            &[
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "h"),
+                ("MASTER_PORT", "1"),
+            ],
+        ];
+        for case in cases {
+            let err = LaunchEnv::from_lookup(env(case)).unwrap_err();
+            assert!(
+                matches!(err, CollectiveError::Config { .. }),
+                "{case:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn host_port_forms() {
+        assert_eq!(split_host_port("a:1").unwrap(), ("a".into(), 1));
+        assert_eq!(split_host_port("[::1]:80").unwrap(), ("::1".into(), 80));
+        assert!(split_host_port(":80").is_err());
+        assert!(split_host_port("a:99999").is_err());
+    }
+}

@@ -1,0 +1,278 @@
+//! `xtask __bench-rank`: one RLX rank (or, over the in-process transport, every rank) of
+//! `cargo xtask bench`, driven by the line protocol of [`super::measure`].
+//!
+//! Method, the same in every system of the sweep: a barrier before each iteration, one
+//! operation timed per iteration, in-place inputs restored from a pristine copy outside the
+//! timing, outputs poisoned before the last iteration and checked after it; then the
+//! per-iteration times are reduced with MAX and the wrong counts with SUM across the ranks,
+//! outside the timed region, and rank 0 answers.
+
+use std::io::BufRead;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use clap::Args;
+use rlx_collective::{CollectiveError, DType, ProcessGroup, ReduceKind};
+
+use super::check::{self, POISON};
+use super::measure::{BenchOp, Reply, Step};
+use crate::world::{self, TransportKind};
+
+/// The user tag of the sendrecv benchmark's messages.
+const SENDRECV_TAG: u32 = 7;
+
+/// Above this many bytes sendrecv sends from a second thread while this one receives, so that
+/// two ranks sending large messages to each other at once cannot both block on backpressure;
+/// below it a send completes at once and a thread would only add its start-up to the time.
+const SENDRECV_THREAD_BYTES: usize = 64 * 1024;
+
+/// Flags of the hidden `__bench-rank` subcommand (set by the bench launcher).
+#[derive(Debug, Args)]
+pub(crate) struct BenchRankArgs {
+    /// Transport of this rank.
+    #[arg(long, value_enum)]
+    pub(crate) transport: TransportKind,
+    /// World size (used by the in-process transport, which runs every rank here).
+    #[arg(long)]
+    pub(crate) ranks: u32,
+    /// Algorithms to force, as OP=ALGORITHM[,...].
+    #[arg(long, default_value = "")]
+    pub(crate) algorithm: String,
+}
+
+/// Runs the rank(s) until stdin ends or says `quit`.
+pub(crate) fn run(args: &BenchRankArgs) -> Result<(), String> {
+    let groups = world::join(args.transport, args.ranks)?;
+    for group in &groups {
+        world::force_algorithms(group, &args.algorithm)?;
+    }
+    let stdin_lines = std::io::stdin().lock().lines().map_while(Result::ok);
+    match <[ProcessGroup; 1]>::try_from(groups) {
+        Ok([group]) => drive(&group, stdin_lines),
+        Err(groups) => {
+            // Every in-process rank gets its own copy of each command line.
+            let mut senders = Vec::new();
+            let mut threads = Vec::new();
+            for group in groups {
+                let (tx, rx) = mpsc::channel::<String>();
+                senders.push(tx);
+                threads.push(std::thread::spawn(move || drive(&group, rx.into_iter())));
+            }
+            for line in stdin_lines {
+                for tx in &senders {
+                    // A rank that stopped has reported why; the others still get the line.
+                    let _ = tx.send(line.clone());
+                }
+            }
+            drop(senders);
+            let mut result = Ok(());
+            for thread in threads {
+                let outcome = thread
+                    .join()
+                    .unwrap_or_else(|_| Err("a rank thread panicked".to_owned()));
+                result = result.and(outcome);
+            }
+            result
+        }
+    }
+}
+
+/// Answers every command of `lines` on `group`.
+fn drive(group: &ProcessGroup, lines: impl Iterator<Item = String>) -> Result<(), String> {
+    let leader = group.is_leader();
+    group
+        .barrier()
+        .map_err(|e| format!("rank {}: first barrier failed: {e}", group.rank()))?;
+    if leader {
+        println!("ready");
+    }
+    for line in lines {
+        if line.trim() == "quit" {
+            break;
+        }
+        let (reply, fatal) = match Step::parse(&line) {
+            Ok(step) => match run_step(group, &step) {
+                Ok(reply) => (reply, false),
+                Err(e) => (Reply::Error(e.to_string()), e.is_fatal()),
+            },
+            Err(e) => (Reply::Error(e), false),
+        };
+        if leader {
+            println!("{}", reply.to_line());
+        } else if let Reply::Error(message) = &reply {
+            eprintln!("rank {}: {message}", group.rank());
+        }
+        if fatal {
+            return Err(format!(
+                "rank {}: the group is unusable after the last error",
+                group.rank()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The buffers of one step on one rank.
+struct Buffers {
+    /// The input as generated (restored before every in-place iteration).
+    pristine: Vec<u8>,
+    /// The in-place buffer (all-reduce, reduce, broadcast).
+    work: Vec<u8>,
+    /// The output of the last iteration (operations that return one).
+    out: Vec<u8>,
+}
+
+/// Runs one step and returns rank 0's answer (the other ranks' return value is ignored).
+fn run_step(group: &ProcessGroup, step: &Step) -> Result<Reply, CollectiveError> {
+    let rank = group.rank();
+    let world = group.world_size();
+    let dtype = step.dtype;
+    let redop = match (step.op.reduces(), step.redop) {
+        (true, Some(redop)) => redop,
+        (true, None) => return Ok(Reply::Skip(format!("{} needs a reduction", step.op))),
+        (false, _) => ReduceKind::Sum,
+    };
+    let count = step.count;
+    let block = if step.op.blocked() {
+        count / u64::from(world)
+    } else {
+        count
+    };
+    let pristine = match step.op {
+        BenchOp::AllReduce | BenchOp::Reduce | BenchOp::ReduceScatter => check::encode(
+            dtype,
+            (0..count).map(|i| check::reduce_input(redop, rank, world, i)),
+        ),
+        BenchOp::Broadcast if rank != 0 => check::encode(dtype, (0..count).map(|_| POISON)),
+        BenchOp::Broadcast => check::encode(dtype, (0..count).map(|i| check::data_value(0, i))),
+        BenchOp::AllGather => check::encode(dtype, (0..block).map(|i| check::data_value(rank, i))),
+        BenchOp::AllToAll | BenchOp::SendRecv => {
+            check::encode(dtype, (0..count).map(|i| check::data_value(rank, i)))
+        }
+    };
+    let mut buffers = Buffers {
+        work: pristine.clone(),
+        pristine,
+        out: Vec::new(),
+    };
+    let total = step.warmup + step.iters.max(1);
+    let mut micros = Vec::with_capacity(total as usize);
+    for iteration in 0..total {
+        let in_place = matches!(
+            step.op,
+            BenchOp::AllReduce | BenchOp::Reduce | BenchOp::Broadcast
+        );
+        if in_place {
+            buffers.work.copy_from_slice(&buffers.pristine);
+        }
+        // Free the previous output here, not inside the next timed call.
+        drop(std::mem::take(&mut buffers.out));
+        group.barrier()?;
+        let started = Instant::now();
+        once(group, step, redop, &mut buffers)?;
+        let elapsed = started.elapsed();
+        if iteration >= step.warmup {
+            micros.push(elapsed.as_secs_f64() * 1e6);
+        }
+    }
+    let wrong = count_wrong(group, step, redop, block, &buffers);
+    // Outside the timed region: the slowest rank's time per iteration and the total of wrong
+    // elements over every rank.
+    let mut slowest: Vec<u8> = micros.iter().flat_map(|t| t.to_le_bytes()).collect();
+    group.all_reduce_typed(&mut slowest, DType::F64, ReduceKind::Max)?;
+    let mut wrong_total = i64::try_from(wrong).unwrap_or(i64::MAX).to_le_bytes();
+    group.all_reduce_typed(&mut wrong_total, DType::I64, ReduceKind::Sum)?;
+    let micros = slowest
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .collect();
+    Ok(Reply::Ran {
+        wrong: u64::try_from(i64::from_le_bytes(wrong_total)).unwrap_or(0),
+        micros,
+    })
+}
+
+/// One timed operation.
+fn once(
+    group: &ProcessGroup,
+    step: &Step,
+    redop: ReduceKind,
+    b: &mut Buffers,
+) -> Result<(), CollectiveError> {
+    let dtype = step.dtype;
+    match step.op {
+        BenchOp::AllReduce => group.all_reduce_typed(&mut b.work, dtype, redop),
+        BenchOp::Reduce => group.reduce_typed(0, &mut b.work, dtype, redop),
+        BenchOp::Broadcast => group.broadcast_typed(0, &mut b.work, dtype),
+        BenchOp::ReduceScatter => {
+            b.out = group.reduce_scatter_typed(&b.pristine, dtype, redop)?;
+            Ok(())
+        }
+        BenchOp::AllGather => {
+            b.out = group.all_gather_typed(&b.pristine, dtype)?;
+            Ok(())
+        }
+        BenchOp::AllToAll => {
+            b.out = group.all_to_all_typed(&b.pristine, dtype)?;
+            Ok(())
+        }
+        BenchOp::SendRecv => {
+            let world = group.world_size();
+            let next = (group.rank() + 1) % world;
+            let prev = (group.rank() + world - 1) % world;
+            if b.pristine.len() > SENDRECV_THREAD_BYTES {
+                let pristine = &b.pristine;
+                let (sent, received) = std::thread::scope(|s| {
+                    let sender = s.spawn(|| group.send_typed(next, SENDRECV_TAG, pristine, dtype));
+                    let received = group.recv_typed(prev, SENDRECV_TAG, dtype);
+                    let sent = sender.join().unwrap_or_else(|_| {
+                        Err(CollectiveError::invalid(
+                            "the sendrecv sender thread panicked",
+                        ))
+                    });
+                    (sent, received)
+                });
+                sent?;
+                b.out = received?;
+            } else {
+                group.send_typed(next, SENDRECV_TAG, &b.pristine, dtype)?;
+                b.out = group.recv_typed(prev, SENDRECV_TAG, dtype)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// This rank's wrong elements after the last iteration.
+fn count_wrong(
+    group: &ProcessGroup,
+    step: &Step,
+    redop: ReduceKind,
+    block: u64,
+    b: &Buffers,
+) -> u64 {
+    let (rank, world, dtype, count) = (group.rank(), group.world_size(), step.dtype, step.count);
+    let reduced = |i| check::reduce_expected(redop, dtype, world, i);
+    match step.op {
+        BenchOp::AllReduce => check::count_wrong(dtype, &b.work, count, reduced),
+        BenchOp::Reduce if rank == 0 => check::count_wrong(dtype, &b.work, count, reduced),
+        BenchOp::Reduce => 0,
+        BenchOp::Broadcast => {
+            check::count_wrong(dtype, &b.work, count, |i| check::data_value(0, i))
+        }
+        BenchOp::ReduceScatter => {
+            let start = u64::from(rank) * block;
+            check::count_wrong(dtype, &b.out, block, |i| reduced(start + i))
+        }
+        BenchOp::AllGather => check::count_wrong(dtype, &b.out, count, |i| {
+            check::data_value((i / block) as u32, i % block)
+        }),
+        BenchOp::AllToAll => check::count_wrong(dtype, &b.out, count, |i| {
+            check::data_value((i / block) as u32, u64::from(rank) * block + i % block)
+        }),
+        BenchOp::SendRecv => {
+            let prev = (rank + world - 1) % world;
+            check::count_wrong(dtype, &b.out, count, |i| check::data_value(prev, i))
+        }
+    }
+}

@@ -1,0 +1,368 @@
+//! `xtask __rank`: one rank of `cargo xtask test-cluster` (or, over the in-process transport,
+//! every rank as a thread), reporting to the launcher in the JSON lines of [`super::events`].
+//!
+//! The rank runs `rlx_collective::conformance` one group at a time — one collective, dtype and
+//! element count, with every reduction, forced algorithm and root of that group — so that the
+//! launcher always knows which operation a rank is in, and a hang report can name it. Inputs
+//! differ per group and per seed. After its last report a rank that passed keeps its
+//! transport open until the launcher closes its stdin, so that finishing first never looks
+//! like a lost peer to the others; a rank whose run failed aborts its transport, so that the
+//! failure reaches every peer still waiting on it.
+
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::Args;
+use rlx_collective::conformance::{self, CaseResult, ConformanceOptions, DEFAULT_SIZES};
+use rlx_collective::{CollectiveOp, DType, ProcessGroup, ReduceKind};
+
+use super::events::{CaseRecord, ErrorRecord, Event};
+use super::fault::{Fault, FaultKind, Point, Trigger};
+use crate::world::{self, TransportKind};
+
+/// The element counts of `--quick`: empty, one, a prime, and a thousand.
+const QUICK_SIZES: [usize; 4] = [0, 1, 13, 1000];
+
+/// Groups of at least this many elements run a second time with [`SMALL_SEGMENT_BYTES`]
+/// segments, so that the pipelined algorithms take many segments per block at every world
+/// size (with the default 256 KiB segments a 65537-element block of a 4-rank ring is one).
+const MULTI_SEGMENT_MIN_COUNT: usize = 1000;
+
+/// The segment cap of the second run of large groups.
+const SMALL_SEGMENT_BYTES: usize = 4096;
+
+/// Flags of the hidden `__rank` subcommand (set by the test-cluster launcher).
+#[derive(Debug, Args)]
+pub(crate) struct RankArgs {
+    /// Transport of this rank.
+    #[arg(long, value_enum)]
+    pub(crate) transport: TransportKind,
+    /// World size (used by the in-process transport, which runs every rank here).
+    #[arg(long)]
+    pub(crate) ranks: u32,
+    /// Repetitions of the case list.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) iters: u32,
+    /// Seed of the inputs.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// The short case list.
+    #[arg(long)]
+    pub(crate) quick: bool,
+    /// The fault to inject, as KIND:RANK@POINT.
+    #[arg(long)]
+    pub(crate) fault: Option<String>,
+}
+
+/// One group of cases: a collective on one dtype and element count (and segment cap).
+#[derive(Debug, Clone, Copy)]
+struct Group {
+    op: CollectiveOp,
+    dtype: DType,
+    count: usize,
+    max_segment_bytes: Option<usize>,
+}
+
+impl Group {
+    fn name(&self) -> String {
+        if self.op == CollectiveOp::Barrier {
+            return "barrier".to_owned();
+        }
+        let mut name = format!("{} {} n={}", self.op, self.dtype, self.count);
+        if let Some(cap) = self.max_segment_bytes {
+            name.push_str(&format!(" segments<={cap}B"));
+        }
+        name
+    }
+}
+
+/// The groups of every iteration, in the order every rank runs them.
+fn plan(iters: u32, quick: bool) -> Vec<Group> {
+    let sizes: &[usize] = if quick { &QUICK_SIZES } else { &DEFAULT_SIZES };
+    let mut groups = Vec::new();
+    for _ in 0..iters {
+        for op in CollectiveOp::ALL {
+            if op == CollectiveOp::Barrier {
+                groups.push(Group {
+                    op,
+                    dtype: DType::U8,
+                    count: 0,
+                    max_segment_bytes: None,
+                });
+                continue;
+            }
+            for dtype in DType::ALL {
+                for &count in sizes {
+                    groups.push(Group {
+                        op,
+                        dtype,
+                        count,
+                        max_segment_bytes: None,
+                    });
+                    if count >= MULTI_SEGMENT_MIN_COUNT {
+                        groups.push(Group {
+                            op,
+                            dtype,
+                            count,
+                            max_segment_bytes: Some(SMALL_SEGMENT_BYTES),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    groups
+}
+
+/// Writes events to stdout, one whole line at a time even from several rank threads.
+#[derive(Debug, Default)]
+struct Reporter {
+    lock: Mutex<()>,
+}
+
+impl Reporter {
+    fn emit(&self, event: &Event) {
+        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = std::io::stdout().lock();
+        // The launcher reading our stdout is the only consumer; if it is gone, so is the point.
+        let _ = writeln!(out, "{}", event.to_line());
+        let _ = out.flush();
+    }
+}
+
+/// Runs the rank(s), then waits until the launcher closes stdin.
+pub(crate) fn run(args: &RankArgs) -> Result<(), String> {
+    let fault = args.fault.as_deref().map(Fault::from_arg).transpose()?;
+    let groups = world::join(args.transport, args.ranks)?;
+    let plan = Arc::new(plan(args.iters, args.quick));
+    let reporter = Arc::new(Reporter::default());
+    // Every rank's group stays here until the process exits, so that a rank that is done
+    // never closes its links while the others still run.
+    let keep: Arc<Mutex<Vec<ProcessGroup>>> = Arc::default();
+    let in_process = groups.len() > 1;
+    let mut threads = Vec::new();
+    for group in groups {
+        let ctx = RankCtx {
+            group,
+            plan: Arc::clone(&plan),
+            reporter: Arc::clone(&reporter),
+            fault: fault.clone(),
+            seed: args.seed,
+            in_process,
+        };
+        let keep = Arc::clone(&keep);
+        let body = move || {
+            ctx.run();
+            keep.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(ctx.group);
+        };
+        if in_process {
+            threads.push(std::thread::spawn(body));
+        } else {
+            body();
+        }
+    }
+    // End of stdin is the launcher's signal to exit. Rank threads are not joined: a stalled
+    // one never returns, by design.
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().lock().read_to_end(&mut sink);
+    drop(threads);
+    Ok(())
+}
+
+/// What one rank needs to run its cases.
+struct RankCtx {
+    group: ProcessGroup,
+    plan: Arc<Vec<Group>>,
+    reporter: Arc<Reporter>,
+    fault: Option<Fault>,
+    seed: u64,
+    in_process: bool,
+}
+
+/// The victim's side of a fault: detects the point and carries it out.
+struct Injector {
+    fault: Option<Fault>,
+    fired: AtomicBool,
+    /// Set once an in-process victim has "died": it must not report anything afterwards.
+    dead: AtomicBool,
+    rank: u32,
+    in_process: bool,
+    reporter: Arc<Reporter>,
+    group: ProcessGroup,
+}
+
+impl Injector {
+    /// Carries out the fault if `hit` says the point is reached now, before case `next`.
+    fn maybe_fire(&self, next: u64, hit: impl FnOnce(&Point) -> bool) {
+        let Some(fault) = &self.fault else { return };
+        if fault.target.rank != self.rank
+            || self.fired.load(Ordering::SeqCst)
+            || !hit(&fault.target.point)
+        {
+            return;
+        }
+        self.fired.store(true, Ordering::SeqCst);
+        self.reporter.emit(&Event::Fault {
+            rank: self.rank,
+            kind: fault.kind.name().to_owned(),
+            index: next,
+        });
+        match fault.kind {
+            FaultKind::Kill if self.in_process => {
+                // An in-process rank cannot be killed alone: it aborts its transport, which
+                // the other ranks observe as this peer lost, and stays silent from now on.
+                self.dead.store(true, Ordering::SeqCst);
+                self.group.transport().abort();
+            }
+            // A separate process waits here for the launcher's SIGKILL (kill) or forever,
+            // holding its sockets open without ever answering (stall); a stalled in-process
+            // rank freezes the same way.
+            FaultKind::Kill | FaultKind::Stall => loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            },
+        }
+    }
+
+    fn silent(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+}
+
+impl RankCtx {
+    fn run(&self) {
+        let rank = self.group.rank();
+        let injector = Arc::new(Injector {
+            fault: self.fault.clone(),
+            fired: AtomicBool::new(false),
+            dead: AtomicBool::new(false),
+            rank,
+            in_process: self.in_process,
+            reporter: Arc::clone(&self.reporter),
+            group: self.group.clone(),
+        });
+        self.reporter.emit(&Event::Ready {
+            rank,
+            groups: self.plan.len() as u64,
+        });
+        let next_case = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let mut trigger = Trigger::default();
+        for (index, group) in self.plan.iter().enumerate() {
+            let next = next_case.load(Ordering::SeqCst);
+            injector.maybe_fire(next, |point| trigger.reached(point, next, group.op.name()));
+            if injector.silent() {
+                return;
+            }
+            self.reporter.emit(&Event::Start {
+                rank,
+                group: index as u64,
+                name: group.name(),
+            });
+            let progress = {
+                let reporter = Arc::clone(&self.reporter);
+                let next_case = Arc::clone(&next_case);
+                let failed = Arc::clone(&failed);
+                let injector = Arc::clone(&injector);
+                move |case: &CaseResult| {
+                    if injector.silent() {
+                        return;
+                    }
+                    let index = next_case.fetch_add(1, Ordering::SeqCst);
+                    if !case.passed {
+                        failed.fetch_add(1, Ordering::SeqCst);
+                    }
+                    reporter.emit(&Event::Case {
+                        rank,
+                        case: record(index, case),
+                    });
+                    // Between this case and the next one: the place for an index point.
+                    injector.maybe_fire(
+                        index + 1,
+                        |point| matches!(point, Point::Index(at) if *at == index + 1),
+                    );
+                }
+            };
+            let options = ConformanceOptions {
+                ops: vec![group.op],
+                dtypes: vec![group.dtype],
+                reduces: ReduceKind::ALL.to_vec(),
+                sizes: vec![group.count],
+                algorithms: true,
+                all_roots: false,
+                max_segment_bytes: group.max_segment_bytes,
+                seed: self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ index as u64,
+                progress: Some(Arc::new(progress)),
+            };
+            if let Err(error) = conformance::run(&self.group, &options) {
+                if !injector.silent() {
+                    self.reporter.emit(&Event::Failed {
+                        rank,
+                        error: ErrorRecord::from_error(&error, Some(group.name())),
+                    });
+                }
+                // The run only ends early on an error that leaves the group unusable. Abort,
+                // as a program would: a peer still waiting on this rank in an earlier
+                // operation then fails at once (this peer lost) instead of at its timeout.
+                self.group.transport().abort();
+                return;
+            }
+        }
+        let failed = failed.load(Ordering::SeqCst);
+        self.reporter.emit(&Event::Done {
+            rank,
+            passed: next_case.load(Ordering::SeqCst) - failed,
+            failed,
+        });
+    }
+}
+
+/// The launcher's record of one conformance case.
+fn record(index: u64, case: &CaseResult) -> CaseRecord {
+    CaseRecord {
+        index,
+        op: case.op.name().to_owned(),
+        dtype: if case.op == CollectiveOp::Barrier {
+            "-".to_owned()
+        } else {
+            case.dtype.name().to_owned()
+        },
+        reduce: case.reduce.map_or("-", ReduceKind::name).to_owned(),
+        count: case.count as u64,
+        name: case.name.clone(),
+        passed: case.passed,
+        detail: case.detail.clone(),
+        micros: u64::try_from(case.elapsed.as_micros()).unwrap_or(u64::MAX),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_covers_every_collective_and_dtype_once_per_iteration() {
+        let groups = plan(2, true);
+        let sizes = QUICK_SIZES.len()
+            + QUICK_SIZES
+                .iter()
+                .filter(|&&n| n >= MULTI_SEGMENT_MIN_COUNT)
+                .count();
+        let per_iteration = (CollectiveOp::ALL.len() - 1) * DType::ALL.len() * sizes + 1;
+        assert_eq!(groups.len(), 2 * per_iteration);
+        let barriers = groups
+            .iter()
+            .filter(|g| g.op == CollectiveOp::Barrier)
+            .count();
+        assert_eq!(barriers, 2);
+        assert!(plan(1, false).iter().any(|g| g.count == 65537));
+        assert!(
+            groups
+                .iter()
+                .any(|g| g.max_segment_bytes == Some(SMALL_SEGMENT_BYTES))
+        );
+    }
+}
