@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 use crate::all_reduce::one_sided::{self, OneSided};
 use crate::federated::{self, StaleRounds};
 use crate::handle::{AllReduceHandle, CollectiveHandle};
+use crate::issue_order::IssueOrder;
 use crate::op::{OpCtx, OpId};
 use crate::select::{Algorithm, CollectiveOp, Settings};
 use crate::split::{self, Record};
@@ -73,6 +74,8 @@ struct Shared {
     settings: Mutex<Settings>,
     federated: Mutex<StaleRounds>,
     one_sided: OneSided,
+    /// Present when native collectives may run on this group (see [`IssueOrder`]).
+    issue_order: Option<IssueOrder>,
 }
 
 impl fmt::Debug for ProcessGroup {
@@ -144,6 +147,7 @@ impl ProcessGroup {
         rank: u32,
         next_group_id: Arc<Mutex<u32>>,
     ) -> ProcessGroup {
+        let transport_has_native = transport.native_collectives().is_some();
         ProcessGroup {
             shared: Arc::new(Shared {
                 transport,
@@ -155,6 +159,8 @@ impl ProcessGroup {
                 settings: Mutex::new(Settings::default()),
                 federated: Mutex::new(StaleRounds::default()),
                 one_sided: OneSided::default(),
+                issue_order: (group_id == WORLD_GROUP_ID && transport_has_native)
+                    .then(IssueOrder::default),
             }),
         }
     }
@@ -276,6 +282,9 @@ impl ProcessGroup {
             settings: *shared.settings.lock(),
         };
         shared.one_sided.on_issue(&id);
+        if let Some(order) = &shared.issue_order {
+            order.register(id.seq);
+        }
         id
     }
 
@@ -283,6 +292,10 @@ impl ProcessGroup {
     fn execute<T>(&self, id: OpId, body: impl FnOnce(&OpCtx<'_>) -> Result<T>) -> Result<T> {
         let shared = &self.shared;
         let ctx = OpCtx::new(shared.transport.as_ref(), &shared.members, id);
+        let _turn = match &shared.issue_order {
+            Some(order) => Some(order.wait_turn(id.seq, id.name, ctx.timeout())?),
+            None => None,
+        };
         body(&ctx).inspect_err(|error| ctx.notify_failure(error))
     }
 
@@ -305,6 +318,9 @@ impl ProcessGroup {
             // The operation was issued but will not run here: its peers must not wait for it.
             let shared = &self.shared;
             shared.one_sided.release(id.seq);
+            if let Some(order) = &shared.issue_order {
+                order.release(id.seq);
+            }
             OpCtx::new(shared.transport.as_ref(), &shared.members, id)
                 .notify_failure(&CollectiveError::Aborted);
         }

@@ -70,6 +70,7 @@ mod gather;
 mod group;
 mod handle;
 mod init;
+mod issue_order;
 mod kernels;
 mod layout;
 mod op;

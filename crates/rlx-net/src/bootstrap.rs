@@ -14,14 +14,13 @@
 //! see is replaced by the address the store observed.
 
 use std::io::{self, Read, Write};
-use std::net::{
-    IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket,
-};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
+use rlx_transport::bootstrap::resolve;
 use rlx_transport::{CollectiveError, Rendezvous, ifname::IfnameFilter};
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 
@@ -146,20 +145,6 @@ fn random_bytes<const N: usize>() -> [u8; N] {
         *o = *d;
     }
     out
-}
-
-fn resolve(address: &str) -> Result<Vec<SocketAddr>, CollectiveError> {
-    let (host, port) = rlx_transport::bootstrap::split_host_port(address)?;
-    let found: Vec<SocketAddr> = (host.as_str(), port)
-        .to_socket_addrs()
-        .map_err(|e| CollectiveError::config(format!("cannot resolve {address:?}: {e}")))?
-        .collect();
-    if found.is_empty() {
-        return Err(CollectiveError::config(format!(
-            "{address:?} resolves to no address"
-        )));
-    }
-    Ok(found)
 }
 
 /// A listener with `SO_REUSEADDR` on `addr`, set up by the hook before it is bound.

@@ -20,7 +20,7 @@
 
 use std::fmt;
 use std::io;
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 
 use rlx_net::SocketRole;
 use rlx_transport::{CollectiveError, Rendezvous, Result};
@@ -39,21 +39,6 @@ pub(crate) enum Resolved {
     Store(Vec<SocketAddr>),
 }
 
-/// Resolves `address` (`"host:port"`, `"[v6%scope]:port"`) as `rlx-net` does.
-fn resolve_one(address: &str) -> Result<Vec<SocketAddr>> {
-    let (host, port) = rlx_transport::bootstrap::split_host_port(address)?;
-    let found: Vec<SocketAddr> = (host.as_str(), port)
-        .to_socket_addrs()
-        .map_err(|e| CollectiveError::config(format!("cannot resolve {address:?}: {e}")))?
-        .collect();
-    if found.is_empty() {
-        return Err(CollectiveError::config(format!(
-            "{address:?} resolves to no address"
-        )));
-    }
-    Ok(found)
-}
-
 impl Resolved {
     /// Resolves every address of `rendezvous`.
     pub(crate) fn resolve(rendezvous: &Rendezvous) -> Result<Resolved> {
@@ -63,7 +48,7 @@ impl Resolved {
                 .map(|entry| {
                     entry
                         .iter()
-                        .map(|a| resolve_one(a).map(|found| found[0]))
+                        .map(|a| rlx_transport::bootstrap::resolve(a).map(|found| found[0]))
                         .collect::<Result<Vec<_>>>()
                 })
                 .collect::<Result<Vec<_>>>()
@@ -75,7 +60,7 @@ impl Resolved {
                 } else {
                     format!("{host}:{port}")
                 };
-                resolve_one(&address).map(Resolved::Store)
+                rlx_transport::bootstrap::resolve(&address).map(Resolved::Store)
             }
         }
     }

@@ -15,6 +15,7 @@
 //! | security | `RLX_JOB_SECRET` (HMAC key), `RLX_JOB_ID` (else derived from the rendezvous) |
 //! | links | `RLX_SOCKETS_PER_PEER`, `RLX_MAX_FRAME_BYTES` |
 
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
 use crate::ifname::IfnameFilter;
@@ -266,6 +267,22 @@ pub fn split_host_port(address: &str) -> Result<(String, u16)> {
     }
     let port: u16 = port.parse().map_err(|_| bad())?;
     Ok((host.to_owned(), port))
+}
+
+/// Resolves `"host:port"` (or `"[v6%scope]:port"`) to its socket addresses, never an empty
+/// list: a name that resolves to nothing is a `Config` error naming it.
+pub fn resolve(address: &str) -> Result<Vec<SocketAddr>> {
+    let (host, port) = split_host_port(address)?;
+    let found: Vec<SocketAddr> = (host.as_str(), port)
+        .to_socket_addrs()
+        .map_err(|e| CollectiveError::config(format!("cannot resolve {address:?}: {e}")))?
+        .collect();
+    if found.is_empty() {
+        return Err(CollectiveError::config(format!(
+            "{address:?} resolves to no address"
+        )));
+    }
+    Ok(found)
 }
 
 fn read_hostfile(variable: &str, value: &str) -> Result<Vec<Vec<String>>> {
