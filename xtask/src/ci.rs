@@ -2,7 +2,12 @@
 
 use clap::Args;
 
-use crate::cmd::{cargo, run_step};
+use std::path::Path;
+use std::process::Command;
+
+use crate::cluster::ClusterArgs;
+use crate::cmd::{cargo, run_step, workspace_root};
+use crate::world::TransportKind;
 use crate::{bench, cluster, loom};
 
 /// Flags of `cargo xtask ci`.
@@ -38,12 +43,117 @@ pub(crate) fn run(args: &CiArgs) -> Result<(), String> {
             "rlx-collective/thunderbolt",
         ]),
     )?;
-    eprintln!("\n==> test-cluster: 3 ranks over TCP, the quick case list");
-    cluster::run(&cluster::ClusterArgs::ci()).map_err(|e| format!("test-cluster: {e}"))?;
+    clusters()?;
     eprintln!("\n==> bench smoke: every operation, dtype and reduction, small sizes, #wrong only");
     bench::run(&bench::BenchArgs::smoke()).map_err(|e| format!("bench smoke: {e}"))?;
+    mlx(&workspace_root())?;
     if !args.no_loom {
         loom::run(&loom::LoomArgs { preemptions: 2 })?;
     }
     Ok(())
+}
+
+/// The collective matrix across real processes: TCP with 2, 3, 4 and 8 ranks and the threads
+/// of one process, the quick case list; then, as root, 4 Thunderbolt ranks in network
+/// namespaces joined by `thunderbolt0` links, and a rank killed mid-run whose survivors must
+/// all report it.
+fn clusters() -> Result<(), String> {
+    let mut runs: Vec<(String, ClusterArgs)> = [2, 3, 4, 8]
+        .into_iter()
+        .map(|ranks| {
+            let args = ClusterArgs {
+                ranks,
+                ..ClusterArgs::ci()
+            };
+            (format!("{ranks} ranks over TCP"), args)
+        })
+        .collect();
+    runs.push((
+        "4 threads over MemTransport".to_owned(),
+        ClusterArgs {
+            ranks: 4,
+            transport: TransportKind::Mem,
+            ..ClusterArgs::ci()
+        },
+    ));
+    let victim = "2@all_reduce"
+        .parse()
+        .map_err(|e| format!("fault target: {e}"))?;
+    runs.push((
+        "4 ranks over TCP, rank 2 killed in all_reduce".to_owned(),
+        ClusterArgs {
+            ranks: 4,
+            kill: Some(victim),
+            ..ClusterArgs::ci()
+        },
+    ));
+    if crate::netns::check_available().is_ok() {
+        runs.push((
+            "4 Thunderbolt ranks in network namespaces".to_owned(),
+            ClusterArgs {
+                ranks: 4,
+                transport: TransportKind::Tb,
+                netns: true,
+                ..ClusterArgs::ci()
+            },
+        ));
+    } else {
+        eprintln!("\n==> test-cluster --netns --transport tb skipped: needs root and iproute2");
+    }
+    for (what, args) in runs {
+        eprintln!("\n==> test-cluster: {what}, the quick case list");
+        cluster::run(&args).map_err(|e| format!("test-cluster ({what}): {e}"))?;
+    }
+    Ok(())
+}
+
+/// MLX: installs `mlx[cpu]` into `target/mlx-venv` unless MLX is found, then lints and runs the
+/// MLX tests (2, 3 and 4 ranks over MLX's ring on loopback; 2 under mpirun when Open MPI is
+/// installed).
+fn mlx(root: &Path) -> Result<(), String> {
+    let venv = root.join("target").join("mlx-venv");
+    let python = venv.join("bin").join("python");
+    let has_mlx = Command::new(&python)
+        .args(["-c", "import mlx.core"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if std::env::var_os("MLX_DIR").is_none() && !has_mlx {
+        run_step(
+            "mlx venv",
+            Command::new("python3").args(["-m", "venv"]).arg(&venv),
+        )?;
+        run_step(
+            "mlx install",
+            Command::new(venv.join("bin").join("pip")).args(["install", "--quiet", "mlx[cpu]"]),
+        )?;
+    }
+    run_step(
+        "clippy (mlx)",
+        cargo().env("PYTHON", &python).args([
+            "clippy",
+            "-p",
+            "rlx-mlx-ffi",
+            "-p",
+            "rlx-collective",
+            "--all-targets",
+            "--features",
+            "rlx-collective/mlx",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    run_step(
+        "tests (mlx)",
+        cargo()
+            .env("PYTHON", &python)
+            .args(["test", "-p", "rlx-mlx-ffi", "--features", "mlx"]),
+    )?;
+    eprintln!("\n==> test-cluster: 2 ranks over MLX's ring, the quick case list");
+    cluster::run(&ClusterArgs {
+        ranks: 2,
+        transport: TransportKind::Mlx,
+        ..ClusterArgs::ci()
+    })
+    .map_err(|e| format!("test-cluster (mlx): {e}"))
 }

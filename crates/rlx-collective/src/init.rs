@@ -55,6 +55,7 @@ fn default_backend() -> &'static str {
     }
 }
 
+#[cfg(not(all(feature = "tcp", feature = "thunderbolt", feature = "mlx")))]
 fn not_compiled(name: &str, feature: &str) -> CollectiveError {
     CollectiveError::config(format!(
         "{BACKEND_VAR}={name} but rlx-collective was built without that backend; enable the \
