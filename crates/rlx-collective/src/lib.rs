@@ -6,8 +6,12 @@
 //!   federated averaging and `split`, for `f32` slices and for raw little-endian buffers of
 //!   every [`DType`] (the `*_typed` methods).
 //! - One file per algorithm (`all_reduce/ring.rs`, `all_reduce/recursive_doubling.rs`,
-//!   `all_gather/{ring,bruck}.rs`, `broadcast/{binomial,chain}.rs`, ...), chosen by
-//!   [`select`] unless [`ProcessGroup::set_algorithm`] forces one.
+//!   `all_reduce/one_sided.rs`, `all_gather/{ring,bruck}.rs`, `broadcast/{binomial,chain}.rs`,
+//!   ...), chosen by [`select`] unless [`ProcessGroup::set_algorithm`] forces one. The
+//!   one-sided ring all-reduce ([`select::Algorithm::OneSidedRing`]) runs on transports with a
+//!   symmetric heap (`rlx_transport::Symmetric`) and is only used when forced.
+//! - On a backend with native collectives (MLX) the world group runs its operations in issue
+//!   order, whatever thread runs them, because native calls match by call order alone.
 //! - [`conformance`]: the check suite (every collective × dtype × reduction × awkward size
 //!   against a serial reference) that tests and `cargo xtask test-cluster` run on a group.
 //! - [`init()`]: the world group from the environment on the compiled-in backend.
