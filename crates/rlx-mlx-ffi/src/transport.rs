@@ -1044,6 +1044,19 @@ impl Transport for MlxTransport {
     }
 }
 
+/// Checks that a gather's output (a reduce-scatter's input) of `whole` bytes holds exactly one
+/// `block` of bytes per rank of a world of `world` ranks.
+fn check_world_blocks(block: usize, whole: usize, world: u32) -> Result<()> {
+    let expected = block as u64 * u64::from(world);
+    if whole as u64 != expected {
+        return Err(CollectiveError::LengthMismatch {
+            expected,
+            got: whole as u64,
+        });
+    }
+    Ok(())
+}
+
 fn check_elements(what: &str, len: usize, dtype: DType) -> Result<usize> {
     if len % dtype.size() != 0 {
         return Err(CollectiveError::invalid(format!(
@@ -1190,13 +1203,7 @@ impl NativeCollectives for MlxTransport {
     fn all_gather(&self, local: &[u8], out: &mut [u8], dtype: DType) -> Result<()> {
         let s = &self.shared;
         check_elements("all_gather input", local.len(), dtype)?;
-        let expected = local.len() as u64 * u64::from(s.world);
-        if out.len() as u64 != expected {
-            return Err(CollectiveError::LengthMismatch {
-                expected,
-                got: out.len() as u64,
-            });
-        }
+        check_world_blocks(local.len(), out.len(), s.world)?;
         if s.world == 1 {
             out.copy_from_slice(local);
             return s.check_usable();
@@ -1235,13 +1242,7 @@ impl NativeCollectives for MlxTransport {
     ) -> Result<()> {
         let s = &self.shared;
         check_elements("reduce_scatter output", out.len(), dtype)?;
-        let expected = out.len() as u64 * u64::from(s.world);
-        if input.len() as u64 != expected {
-            return Err(CollectiveError::LengthMismatch {
-                expected,
-                got: input.len() as u64,
-            });
-        }
+        check_world_blocks(out.len(), input.len(), s.world)?;
         if s.world == 1 {
             out.copy_from_slice(input);
             return s.check_usable();
