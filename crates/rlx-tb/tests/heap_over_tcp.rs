@@ -8,12 +8,14 @@
 
 mod heap_model;
 
+use heap_model::check;
+
 use std::process::{Child, Command, ExitCode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rlx_net::TcpTransport;
-use rlx_transport::symmetric::{Cmp, Completion, Signal, SymmetricTransport};
+use rlx_transport::symmetric::{Completion, SymmetricTransport};
 use rlx_transport::{CollectiveError, Result, Symmetric, Transport};
 
 type Rank = Symmetric<TcpTransport>;
@@ -52,14 +54,6 @@ const SCENARIOS: &[Scenario] = &[
     },
 ];
 
-fn check(condition: bool, what: impl FnOnce() -> String) -> Result<()> {
-    if condition {
-        Ok(())
-    } else {
-        Err(CollectiveError::invalid(what()))
-    }
-}
-
 fn signals_atomics_and_remote_errors(t: &Rank) -> Result<()> {
     let n = t.world_size();
     let me = t.rank();
@@ -67,21 +61,7 @@ fn signals_atomics_and_remote_errors(t: &Rank) -> Result<()> {
     let flag = t.alloc(8)?;
     let counter = t.alloc(8)?;
     let next = (me + 1) % n;
-    let payload = [me as u8 + 1; 64];
-    t.put_signal(
-        next,
-        slots.at(u64::from(me) * 64, 64)?,
-        &payload,
-        Signal::add(flag.offset(), 1),
-    )?;
-    t.wait_until(flag.offset(), Cmp::Eq, 1, Duration::from_secs(60))?;
-    let prev = (me + n - 1) % n;
-    let mut got = [0u8; 64];
-    t.heap()
-        .read(slots.at(u64::from(prev) * 64, 64)?, &mut got)?;
-    check(got == [prev as u8 + 1; 64], || {
-        format!("rank {me} saw {got:?} from rank {prev}")
-    })?;
+    heap_model::ring_put_signal(t, slots, flag)?;
     let old = t.fetch_add(0, counter.offset(), 1 << me)?;
     check(old & (1 << me) == 0, || {
         format!("rank {me} found its own bit in {old:#x}")

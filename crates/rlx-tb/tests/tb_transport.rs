@@ -28,13 +28,14 @@
 mod heap_model;
 mod netns;
 
+use heap_model::check;
+
 use std::io::Write;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use netns::{Net, Shape, is_root, other_v4, v4, v6};
 use rlx_tb::{ThunderboltHeap, ThunderboltTransport};
-use rlx_transport::symmetric::{Cmp, Signal, SymmetricTransport};
+use rlx_transport::symmetric::SymmetricTransport;
 use rlx_transport::{CollectiveError, Result, Transport};
 
 const MODE_ENV: &str = "RLX_TB_TEST_MODE";
@@ -42,14 +43,6 @@ const MODE_ENV: &str = "RLX_TB_TEST_MODE";
 const RANDOM_OPS_PER_RANK: usize = 2500;
 
 // ----- the ranks ---------------------------------------------------------------------------
-
-fn check(condition: bool, what: impl FnOnce() -> String) -> Result<()> {
-    if condition {
-        Ok(())
-    } else {
-        Err(CollectiveError::invalid(what()))
-    }
-}
 
 /// The bytes rank `from` sends rank `to` in `round`; the lengths cover empty, small, and (in
 /// the last round) striped messages.
@@ -119,20 +112,7 @@ fn heap_operations(t: &ThunderboltHeap) -> Result<()> {
     let big = t.alloc(256 << 10)?;
 
     // Put-with-signal around the ring: the data is visible when the signal is.
-    let data = [me as u8 + 1; 64];
-    t.put_signal(
-        next,
-        slots.at(u64::from(me) * 64, 64)?,
-        &data,
-        Signal::add(flag.offset(), 1),
-    )?;
-    t.wait_until(flag.offset(), Cmp::Eq, 1, Duration::from_secs(60))?;
-    let mut got = [0u8; 64];
-    t.heap()
-        .read(slots.at(u64::from(prev) * 64, 64)?, &mut got)?;
-    check(got == [prev as u8 + 1; 64], || {
-        format!("rank {me} saw {got:?} from rank {prev}")
-    })?;
+    heap_model::ring_put_signal(t, slots, flag)?;
 
     // Atomics on rank 0: every rank sets its own bit and claims its own word once.
     let old = t.fetch_add(0, counter.offset(), 1 << me)?;

@@ -1,16 +1,48 @@
 //! A randomized check of the symmetric heap against a serial model, shared by the heap tests
 //! over every transport: each rank issues random puts, gets and fetch-adds to random targets
-//! and checks every get, its stripes and the counters against what its model predicts.
+//! and checks every get, its stripes and the counters against what its model predicts. Also the
+//! small checks both heap test files share.
 
-use rlx_transport::symmetric::SymmetricTransport;
+use std::time::Duration;
+
+use rlx_transport::symmetric::{Cmp, Region, Signal, SymmetricTransport};
 use rlx_transport::{CollectiveError, Result};
 
-fn check(condition: bool, what: impl FnOnce() -> String) -> Result<()> {
+/// `Ok` when `condition` holds, else an `InvalidArgument` error saying `what` went wrong.
+pub(crate) fn check(condition: bool, what: impl FnOnce() -> String) -> Result<()> {
     if condition {
         Ok(())
     } else {
         Err(CollectiveError::invalid(what()))
     }
+}
+
+/// Put-with-signal around the ring: every rank puts 64 bytes into its own slot of `slots` on
+/// the next rank with a +1 on that rank's `flag`, waits for its own flag, and checks that the
+/// previous rank's bytes are visible. Collective.
+pub(crate) fn ring_put_signal<S: SymmetricTransport>(
+    t: &S,
+    slots: Region,
+    flag: Region,
+) -> Result<()> {
+    let n = t.world_size();
+    let me = t.rank();
+    let next = (me + 1) % n;
+    let prev = (me + n - 1) % n;
+    let data = [me as u8 + 1; 64];
+    t.put_signal(
+        next,
+        slots.at(u64::from(me) * 64, 64)?,
+        &data,
+        Signal::add(flag.offset(), 1),
+    )?;
+    t.wait_until(flag.offset(), Cmp::Eq, 1, Duration::from_secs(60))?;
+    let mut got = [0u8; 64];
+    t.heap()
+        .read(slots.at(u64::from(prev) * 64, 64)?, &mut got)?;
+    check(got == [prev as u8 + 1; 64], || {
+        format!("rank {me} saw {got:?} from rank {prev}")
+    })
 }
 
 /// `ops` random operations from every rank: puts and gets on this rank's own stripe of every
