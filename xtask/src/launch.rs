@@ -9,7 +9,6 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -89,15 +88,15 @@ fn kill_pid(pid: u32) {
     }
 }
 
-/// A free TCP port on the loopback interface (bound and released; the tiny window in which
-/// another process could take it is acceptable for a local test launcher).
+/// `n` distinct free TCP ports on the loopback interface, outside the kernel's ephemeral
+/// range (see `rlx_transport::ports`): ranks listen on them a moment later.
+pub(crate) fn free_ports(n: usize) -> Result<Vec<u16>, String> {
+    rlx_transport::ports::free_loopback_ports(n).map_err(|e| e.to_string())
+}
+
+/// One free TCP port on the loopback interface, as [`free_ports`] chooses them.
 pub(crate) fn free_port() -> Result<u16, String> {
-    let listener = TcpListener::bind(("127.0.0.1", 0))
-        .map_err(|e| format!("could not find a free port on 127.0.0.1: {e}"))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| format!("could not read the port of a listener: {e}"))
+    free_ports(1).map(|ports| ports[0])
 }
 
 /// How to start one child of a job.

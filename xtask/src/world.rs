@@ -141,12 +141,15 @@ impl World {
         } else {
             None
         };
-        let addresses: Vec<(String, u16)> = (0..config.size)
-            .map(|rank| match &topology {
-                Some(_) => Ok((Topology::address_of(rank).to_string(), NETNS_PORT)),
-                None => launch::free_port().map(|port| ("127.0.0.1".to_owned(), port)),
-            })
-            .collect::<Result<_, _>>()?;
+        let addresses: Vec<(String, u16)> = match &topology {
+            Some(_) => (0..config.size)
+                .map(|rank| (Topology::address_of(rank).to_string(), NETNS_PORT))
+                .collect(),
+            None => launch::free_ports(config.size as usize)?
+                .into_iter()
+                .map(|port| ("127.0.0.1".to_owned(), port))
+                .collect(),
+        };
         let needs_hostfile =
             config.transport == TransportKind::Mlx || config.rendezvous == Rendezvous::Hostfile;
         let hostfile = if needs_hostfile && config.transport != TransportKind::Mem {

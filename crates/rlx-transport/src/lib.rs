@@ -33,6 +33,7 @@ mod error;
 pub mod ifname;
 pub mod inbox;
 mod mem;
+pub mod ports;
 pub mod symmetric;
 mod sync;
 mod tag;

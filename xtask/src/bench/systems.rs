@@ -317,9 +317,10 @@ pub(crate) fn start_mlx(ranks: u32) -> Started {
 }
 
 fn mlx_hostfile(ranks: u32) -> Result<PathBuf, String> {
-    let entries = (0..ranks)
-        .map(|_| launch::free_port().map(|port| vec![format!("127.0.0.1:{port}")]))
-        .collect::<Result<Vec<_>, _>>()?;
+    let entries: Vec<Vec<String>> = launch::free_ports(ranks as usize)?
+        .into_iter()
+        .map(|port| vec![format!("127.0.0.1:{port}")])
+        .collect();
     let text = serde_json::to_string(&entries)
         .map_err(|e| format!("could not encode the hostfile: {e}"))?;
     let path = scratch_dir()?.join(format!("mlx-hostfile-{}.json", std::process::id()));

@@ -1,6 +1,9 @@
 //! Multi-process harness of the MLX tests: the test binary re-executes itself once per rank
 //! with MLX's ring launch variables (`MLX_HOSTFILE`, `MLX_RANK`) on loopback, runs the
 //! test's rank body in each child, and reaps the children within a deadline.
+//!
+//! Multi-process tests of one binary run one at a time: MLX's ring busy-polls a core for every
+//! posted receive, so two clusters side by side on a small machine mostly measure each other.
 
 #![allow(
     dead_code,
@@ -8,9 +11,9 @@
 )]
 
 use std::fs::File;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rlx_mlx_ffi::{Backend, MlxTransport};
@@ -24,6 +27,16 @@ pub(crate) const CHILD_TIMEOUT_MS: u64 = 20_000;
 
 /// How long a whole multi-process test may take before its children are killed.
 const CLUSTER_DEADLINE: Duration = Duration::from_secs(180);
+
+/// Held by the parent of a multi-process test while its ranks run.
+static ONE_CLUSTER_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_cluster_at_a_time() -> MutexGuard<'static, ()> {
+    // A test that failed while holding the lock leaves nothing behind that the next one needs.
+    ONE_CLUSTER_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// What the parent expects of a rank's process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,8 +73,9 @@ pub(crate) fn ring_expecting(
         Some(false) => return,
         None => {}
     }
+    let _alone = one_cluster_at_a_time();
     let dir = scratch_dir(name);
-    let ports = free_ports(world as usize);
+    let ports = rlx_transport::ports::free_loopback_ports(world as usize).expect("loopback ports");
     let hosts: Vec<String> = ports
         .iter()
         .map(|p| format!("[\"127.0.0.1:{p}\"]"))
@@ -71,8 +85,10 @@ pub(crate) fn ring_expecting(
     let children: Vec<Child> = (0..world)
         .map(|rank| {
             let mut cmd = self_command(name, &dir, &format!("rank{rank}"));
+            // MLX_RING_VERBOSE makes MLX log how its ring connects, for the failure report.
             cmd.env("MLX_RANK", rank.to_string())
                 .env("MLX_HOSTFILE", &hostfile)
+                .env("MLX_RING_VERBOSE", "1")
                 .env("RLX_MLX_BACKEND", "ring");
             cmd.spawn().expect("spawn a rank")
         })
@@ -94,6 +110,7 @@ pub(crate) fn mpi(name: &str, body: fn(&MlxTransport)) -> bool {
     let Some(mpirun) = which("mpirun") else {
         return false;
     };
+    let _alone = one_cluster_at_a_time();
     let dir = scratch_dir(name);
     let exe = std::env::current_exe().expect("current test binary");
     let log = File::create(dir.join("mpirun.log")).expect("create the log");
@@ -158,17 +175,6 @@ fn scratch_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("rlx-mlx-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("create the scratch directory");
     dir
-}
-
-/// `n` distinct ports that were free a moment ago (all held open at once so they differ).
-fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a probe port"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("probe address").port())
-        .collect()
 }
 
 fn logs(dir: &std::path::Path) -> String {
