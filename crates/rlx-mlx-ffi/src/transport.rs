@@ -25,6 +25,13 @@
 //!   links are then quiet. MLX runs the collective on the transport's collective thread
 //!   while the caller waits at most the operation timeout, and the link threads resume.
 //!   Mismatched descriptors fail the call on both sides instead of corrupting data.
+//! - Where some ranks are not linked (rings of four or more), a rank that pauses stops
+//!   forwarding, and a rank still finishing its previous operation may wait for a message
+//!   that only the paused rank can forward. So there every rank first announces the native
+//!   collective to every other rank with ordinary messages, farthest first, and pauses its
+//!   links only once all ranks have announced: by then every rank has issued everything it
+//!   sent before the collective, and what a rank forwards for others is queued ahead of its
+//!   pause frames.
 //! - Small all-reduces skip MLX's collective where every rank is linked: a direct exchange of
 //!   the contributions over the links costs one message instead of a pause and a collective
 //!   (see [`DIRECT_EXCHANGE_MAX`]).
@@ -78,6 +85,10 @@ const DIRECT_EXCHANGE_MAX: usize = 64 << 10;
 /// Phase of the transport-group tags of direct-exchange all-reduces.
 const EXCHANGE_PHASE: u16 = 0xFFFE;
 
+/// Phase of the transport-group tags of native-collective announcements (see the module
+/// docs).
+const ANNOUNCE_PHASE: u16 = 0xFFFD;
+
 /// How often a caller waiting for the collective thread, and the idle collective thread,
 /// look for an abort or a close.
 pub(crate) const ABORT_POLL: Duration = Duration::from_millis(50);
@@ -128,8 +139,10 @@ pub(crate) struct Shared {
     pub(crate) changed: Condvar,
     /// Keeps this process's native collectives one at a time.
     pub(crate) collective: Mutex<()>,
-    /// Sequence number of the next direct-exchange all-reduce (see `exchange_all_reduce`).
-    pub(crate) exchange_seq: AtomicU32,
+    /// Sequence number of the next native collective's own messages (a direct exchange's
+    /// contributions or an announcement): native collectives are issued in the same order on
+    /// every rank, so every rank numbers them alike.
+    pub(crate) native_seq: AtomicU32,
     /// Id of the next waiting receive (see `State::demand`).
     pub(crate) next_waiter: AtomicU64,
     /// Which threads have ended.
@@ -416,7 +429,7 @@ impl MlxTransport {
             }),
             changed: Condvar::new(),
             collective: Mutex::new(()),
-            exchange_seq: AtomicU32::new(0),
+            native_seq: AtomicU32::new(0),
             next_waiter: AtomicU64::new(0),
             exits: Arc::new(Exits {
                 done: Mutex::new(ExitState {
@@ -665,6 +678,9 @@ impl Shared {
                 });
             }
         }
+        if self.links.len() + 1 < self.world as usize {
+            self.announce(op, descriptor)?;
+        }
         lock(&self.state).pausing += 1;
         self.changed.notify_all();
         let mut held = Vec::new();
@@ -705,6 +721,67 @@ impl Shared {
         self.changed.notify_all();
         drop(held);
         result
+    }
+
+    /// The sequence number of the next native collective's messages. Numbers 0 and
+    /// `u32::MAX` of the transport's group belong to the barrier and the closing notices.
+    fn next_native_seq(&self) -> u32 {
+        1 + self.native_seq.fetch_add(1, Ordering::Relaxed) % (u32::MAX - 1)
+    }
+
+    /// Tells every other rank that this one has reached native collective `descriptor` and
+    /// waits, at most the operation timeout, until all have said the same (see the module
+    /// docs). The links are not touched, so a rank that never comes leaves the transport
+    /// usable. Only worlds that forward call this, and their receivers always read, so the
+    /// announcements need no demand.
+    fn announce(&self, op: &'static str, descriptor: Descriptor) -> Result<()> {
+        let tag = Tag::op(
+            rlx_transport::TRANSPORT_GROUP,
+            self.next_native_seq(),
+            ANNOUNCE_PHASE,
+        );
+        let body = encode_descriptor(descriptor);
+        // Farthest first: an announcement forwarded through a nearer rank is then read by
+        // that rank before the nearer rank's own one, so a rank that has all announcements
+        // has also queued every announcement it forwards.
+        let mut peers: Vec<u32> = (0..self.world).filter(|&r| r != self.rank).collect();
+        peers.sort_by_key(|&p| std::cmp::Reverse(self.hops_to(p)));
+        for &peer in &peers {
+            self.send_or_enqueue(
+                Header {
+                    kind: Kind::Data,
+                    src: self.rank,
+                    dst: peer,
+                    tag: tag.raw(),
+                    len: body.len() as u64,
+                },
+                body.to_vec(),
+            )?;
+        }
+        let deadline = Instant::now() + self.op_timeout;
+        for peer in peers {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let theirs = self
+                .inbox
+                .take(peer, tag, left)?
+                .ok_or(CollectiveError::Timeout {
+                    peer: Some(peer),
+                    op,
+                    after: self.op_timeout,
+                })?;
+            let theirs = decode_descriptor(&theirs);
+            if theirs != Some(descriptor) {
+                return Err(CollectiveError::invalid(format!(
+                    "native {op} on rank {} ({}) does not match rank {peer}'s next native \
+                     collective ({}); every rank must issue the same native collectives in the \
+                     same order",
+                    self.rank,
+                    describe(Some(descriptor)),
+                    describe(theirs)
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Hands `run` to the collective thread and waits for its result, at most the operation
@@ -913,6 +990,22 @@ fn descriptor(op: NativeOp, dtype: DType, reduce: Option<ReduceKind>, bytes: usi
     (code, bytes as u64)
 }
 
+/// A descriptor as the 16 bytes that start a direct exchange's contribution or an
+/// announcement.
+fn encode_descriptor(descriptor: Descriptor) -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&descriptor.0.to_le_bytes());
+    bytes[8..].copy_from_slice(&descriptor.1.to_le_bytes());
+    bytes
+}
+
+/// The descriptor at the start of a direct exchange's contribution or an announcement.
+fn decode_descriptor(message: &[u8]) -> Option<Descriptor> {
+    let code = message.get(..8)?.try_into().ok()?;
+    let len = message.get(8..16)?.try_into().ok()?;
+    Some((u64::from_le_bytes(code), u64::from_le_bytes(len)))
+}
+
 fn describe(descriptor: Option<(u64, u64)>) -> String {
     let Some((code, bytes)) = descriptor else {
         return "none".to_owned();
@@ -1085,14 +1178,13 @@ impl MlxTransport {
     ) -> Result<()> {
         let s = &self.shared;
         let _one_at_a_time = lock(&s.collective);
-        // Sequence numbers 0 and u32::MAX of the transport's group belong to the barrier
-        // and the closing notices.
-        let seq = 1 + s.exchange_seq.fetch_add(1, Ordering::Relaxed) % (u32::MAX - 1);
-        let tag = Tag::op(rlx_transport::TRANSPORT_GROUP, seq, EXCHANGE_PHASE);
+        let tag = Tag::op(
+            rlx_transport::TRANSPORT_GROUP,
+            s.next_native_seq(),
+            EXCHANGE_PHASE,
+        );
         let wire = plan.widen(data);
-        let mut head = [0u8; 16];
-        head[..8].copy_from_slice(&descriptor.0.to_le_bytes());
-        head[8..].copy_from_slice(&descriptor.1.to_le_bytes());
+        let head = encode_descriptor(descriptor);
         for peer in (0..s.world).filter(|&p| p != s.rank) {
             self.send_message(peer, tag, &[&head, &wire])?;
         }
@@ -1109,16 +1201,12 @@ impl MlxTransport {
                             op: "all_reduce",
                             after,
                         })?;
-                let theirs = message.get(..16).map(|h| {
-                    let mut code = [0u8; 8];
-                    let mut len = [0u8; 8];
-                    code.copy_from_slice(&h[..8]);
-                    len.copy_from_slice(&h[8..]);
-                    (u64::from_le_bytes(code), u64::from_le_bytes(len))
-                });
+                let theirs = decode_descriptor(&message);
                 if theirs != Some(descriptor) || message.len() != 16 + wire.len() {
                     return Err(CollectiveError::invalid(format!(
-                        "native all_reduce on rank {} ({}) does not match rank {from}'s                          ({}); every rank must issue the same native collectives in the                          same order",
+                        "native all_reduce on rank {} ({}) does not match rank {from}'s \
+                         ({}); every rank must issue the same native collectives in the \
+                         same order",
                         s.rank,
                         describe(Some(descriptor)),
                         describe(theirs)

@@ -206,3 +206,43 @@ fn four_ranks(t: &MlxTransport) {
 fn native_four_ranks() {
     cluster::ring("native_four_ranks", 4, four_ranks);
 }
+
+/// A rank that reaches a native collective early must still forward what the others send
+/// each other before it: rank 1 starts an all-reduce at once, while rank 0 first sends rank 2
+/// a message whose route runs through rank 1. Then a call with a mismatched length fails on
+/// every rank without touching the links, and the next one works.
+fn early_forwarder(t: &MlxTransport) {
+    let native = t.native_collectives().unwrap();
+    let me = t.rank();
+    let n = t.world_size();
+    if me == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        t.send_bytes(2, 5, b"through rank 1").unwrap();
+    }
+    if me == 2 {
+        assert_eq!(t.recv_bytes(0, 5).unwrap(), b"through rank 1");
+    }
+    let mut data = 1.0f32.to_le_bytes().to_vec();
+    native
+        .all_reduce(&mut data, DType::F32, ReduceKind::Sum)
+        .unwrap();
+    assert_eq!(data, (n as f32).to_le_bytes());
+
+    let mut data = vec![0u8; if me == 0 { 8 } else { 4 }];
+    let mismatch = native.all_reduce(&mut data, DType::F32, ReduceKind::Sum);
+    assert!(
+        matches!(mismatch, Err(CollectiveError::InvalidArgument { .. })),
+        "{mismatch:?}"
+    );
+    let mut data = 2.0f32.to_le_bytes().to_vec();
+    native
+        .all_reduce(&mut data, DType::F32, ReduceKind::Sum)
+        .unwrap();
+    assert_eq!(data, (2.0 * n as f32).to_le_bytes());
+    t.barrier().unwrap();
+}
+
+#[test]
+fn native_after_routed_traffic_four_ranks() {
+    cluster::ring("native_after_routed_traffic_four_ranks", 4, early_forwarder);
+}
