@@ -227,11 +227,25 @@ int rlxmlx_split(const rlxmlx_group* group, int color, int key,
   });
 }
 
-int rlxmlx_send(const rlxmlx_group* group, int dst, int dtype,
-                const void* data, size_t count, char* err, size_t err_len) {
+int rlxmlx_send(const rlxmlx_group* group, int dst, const void* const* parts,
+                const size_t* lens, size_t nparts, char* err, size_t err_len) {
   return guarded(err, err_len, [&] {
     Target t = target(group);
-    mx::array a = copied_in(data, count, to_dtype(dtype));
+    if (nparts > 0 && (parts == nullptr || lens == nullptr)) {
+      throw ArgumentError("null part list");
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < nparts; i++) {
+      total += lens[i];
+    }
+    mx::array a = uninitialized(total, mx::uint8);
+    char* at = a.data<char>();
+    for (size_t i = 0; i < nparts; i++) {
+      if (lens[i] > 0) {
+        std::memcpy(at, parts[i], lens[i]);
+        at += lens[i];
+      }
+    }
     t.impl->send(a, dst, t.stream);
     mx::synchronize(t.stream);
   });

@@ -80,10 +80,12 @@ int rlxmlx_group_size(const rlxmlx_group* group);
 int rlxmlx_split(const rlxmlx_group* group, int color, int key,
                  rlxmlx_group** out, char* err, size_t err_len);
 
-// Sends `count` elements at `data` to rank `dst` and waits until MLX has
-// handed them to its connection.
-int rlxmlx_send(const rlxmlx_group* group, int dst, int dtype,
-                const void* data, size_t count, char* err, size_t err_len);
+// Sends the bytes of `nparts` parts (part i: `lens[i]` bytes at `parts[i]`),
+// one after the other, to rank `dst` as one MLX message and waits until MLX
+// has handed them to its connection. The parts are gathered straight into the
+// MLX array that is sent, so a frame and its header cost one copy.
+int rlxmlx_send(const rlxmlx_group* group, int dst, const void* const* parts,
+                const size_t* lens, size_t nparts, char* err, size_t err_len);
 
 // Receives exactly `count` elements from rank `src` into `data`.
 int rlxmlx_recv(const rlxmlx_group* group, int src, int dtype, void* data,

@@ -71,6 +71,28 @@ impl Backend {
         not(feature = "mlx"),
         allow(dead_code, reason = "used by the MLX-backed transport")
     )]
+    /// Whether MLX's send and receive on this backend cut one byte stream per link, so that a
+    /// frame sent in one piece may be received in several: MLX's ring with one socket per
+    /// neighbour (one address per rank in `MLX_HOSTFILE`). With several sockets the ring splits
+    /// each call over them by its size, and MPI and JACCL match whole messages, so there a
+    /// frame is sent in the pieces it is received in.
+    pub(crate) fn is_byte_stream(self, env: impl Fn(&str) -> Option<String>) -> bool {
+        if self != Backend::Ring {
+            return false;
+        }
+        let Some(path) = env("MLX_HOSTFILE") else {
+            return false;
+        };
+        std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|text| rlx_transport::bootstrap::parse_hostfile(&path, &text).ok())
+            .is_some_and(|ranks| ranks.iter().all(|addresses| addresses.len() == 1))
+    }
+
+    #[cfg_attr(
+        not(feature = "mlx"),
+        allow(dead_code, reason = "used by the MLX-backed transport")
+    )]
     /// Whether MLX implements `sum_scatter` on this backend (the ring and MPI backends throw).
     pub(crate) const fn has_sum_scatter(self) -> bool {
         matches!(self, Backend::Jaccl)

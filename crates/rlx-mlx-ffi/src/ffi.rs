@@ -52,9 +52,9 @@ unsafe extern "C" {
     fn rlxmlx_send(
         group: *const RawGroup,
         dst: c_int,
-        dtype: c_int,
-        data: *const c_void,
-        count: usize,
+        parts: *const *const c_void,
+        lens: *const usize,
+        nparts: usize,
         err: *mut c_char,
         err_len: usize,
     ) -> c_int;
@@ -234,17 +234,27 @@ impl Group {
 
     /// Sends `data` (bytes) to `dst`; returns once MLX has handed them to its connection.
     pub(crate) fn send(&self, dst: u32, data: &[u8]) -> Result<(), ShimError> {
+        self.send_parts(dst, &[data])
+    }
+
+    /// Sends the bytes of `parts`, one after the other, to `dst` as one MLX message (the
+    /// shim gathers them into the array it sends); returns once MLX has handed them to its
+    /// connection.
+    pub(crate) fn send_parts(&self, dst: u32, parts: &[&[u8]]) -> Result<(), ShimError> {
         let dst = rank_arg(dst)?;
+        let pointers: Vec<*const c_void> = parts.iter().map(|p| p.as_ptr().cast()).collect();
+        let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
         call(|err, len| {
-            // SAFETY: `data` is valid for `data.len()` bytes for the whole call (the shim copies
-            // it before returning); `err` holds `len` bytes.
+            // SAFETY: part `i` is valid for `lens[i]` bytes for the whole call (the shim
+            // copies the parts before returning), `pointers` and `lens` hold `parts.len()`
+            // entries each, and `err` holds `len` bytes.
             unsafe {
                 rlxmlx_send(
                     self.raw,
                     dst,
-                    MlxDtype::U8.code(),
-                    data.as_ptr().cast(),
-                    data.len(),
+                    pointers.as_ptr(),
+                    lens.as_ptr(),
+                    parts.len(),
                     err,
                     len,
                 )

@@ -134,7 +134,7 @@ pub(crate) fn sender_loop(shared: &Shared, index: usize) {
         }
         match item {
             Outgoing::Frame(header, body) => {
-                if let Err(e) = shared.send_frame(link.peer, &header, &body) {
+                if let Err(e) = shared.send_frame(link.peer, &header, &[&body]) {
                     shared
                         .link_failed(index, format!("MLX send to rank {} failed: {e}", link.peer));
                     return;

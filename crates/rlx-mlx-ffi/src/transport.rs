@@ -49,6 +49,7 @@
 //! collective; the stuck MLX call is left to the collective thread and the transport is
 //! unusable afterwards.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -132,6 +133,9 @@ pub(crate) struct Shared {
     pub(crate) world: u32,
     pub(crate) backend: Backend,
     pub(crate) topology: Topology,
+    /// Whether a frame may go out in one MLX send and be read in pieces (see
+    /// [`Backend::is_byte_stream`]).
+    pub(crate) byte_stream: bool,
     pub(crate) op_timeout: Duration,
     pub(crate) inbox: Inbox,
     pub(crate) links: Vec<Link>,
@@ -150,6 +154,41 @@ pub(crate) struct Shared {
     /// MLX collectives for the collective thread to run.
     pub(crate) jobs: Mutex<VecDeque<Job>>,
     pub(crate) job_queued: Condvar,
+}
+
+/// A waiting receive's entry in [`State::demand`], removed when dropped (the receiver may
+/// have removed it already on delivery).
+struct Demand<'a> {
+    shared: &'a Shared,
+    index: usize,
+    id: u64,
+}
+
+impl<'a> Demand<'a> {
+    /// Asks the receiver of link `index` to read until a message from `from` with `tag`
+    /// arrives.
+    fn register(shared: &'a Shared, index: usize, from: u32, tag: Tag) -> Demand<'a> {
+        let id = shared.next_waiter.fetch_add(1, Ordering::Relaxed);
+        lock(&shared.state).demand[index].push((id, from, tag.raw()));
+        shared.changed.notify_all();
+        Demand { shared, index, id }
+    }
+}
+
+impl Drop for Demand<'_> {
+    fn drop(&mut self) {
+        let mut state = lock(&self.shared.state);
+        let demand = &mut state.demand[self.index];
+        if let Some(at) = demand.iter().position(|e| e.0 == self.id) {
+            demand.remove(at);
+        }
+    }
+}
+
+/// How a transport's ranks are linked.
+struct LinkKind {
+    topology: Topology,
+    byte_stream: bool,
 }
 
 /// One MLX collective, run by the collective thread.
@@ -350,8 +389,11 @@ impl MlxTransport {
             }
         };
         let backend = resolved.unwrap_or(Backend::Any);
-        let topology = backend.topology(env_var);
-        let transport = Self::start(group, backend, topology, op_timeout, world_guard)?;
+        let links = LinkKind {
+            topology: backend.topology(env_var),
+            byte_stream: backend.is_byte_stream(env_var),
+        };
+        let transport = Self::start(group, backend, links, op_timeout, world_guard)?;
         Ok(transport)
     }
 
@@ -369,7 +411,10 @@ impl MlxTransport {
         Self::start(
             group,
             self.shared.backend,
-            Topology::Mesh,
+            LinkKind {
+                topology: Topology::Mesh,
+                byte_stream: false,
+            },
             self.shared.op_timeout,
             None,
         )
@@ -383,10 +428,14 @@ impl MlxTransport {
     fn start(
         group: Group,
         backend: Backend,
-        topology: Topology,
+        links: LinkKind,
         op_timeout: Duration,
         world_guard: Option<WorldGuard>,
     ) -> Result<MlxTransport> {
+        let LinkKind {
+            topology,
+            byte_stream,
+        } = links;
         let (rank, world) = match (group.rank(), group.size()) {
             (Some(rank), Some(world)) if world > 0 && rank < world => (rank, world),
             (rank, world) => {
@@ -404,6 +453,7 @@ impl MlxTransport {
             world,
             backend,
             topology,
+            byte_stream,
             op_timeout,
             inbox: Inbox::new(rank),
             links: peers
@@ -590,8 +640,21 @@ impl Shared {
     /// receiver busy-polling in MLX can delay that thread by a scheduler tick); the rest
     /// are queued behind the link's earlier frames.
     fn send_or_enqueue(&self, header: Header, body: Vec<u8>) -> Result<()> {
+        self.send_directly_up_to(header, &[&body], FIRST_LEN - HEADER_LEN)
+    }
+
+    /// [`Shared::send_or_enqueue`] of the body made of `parts`, sending bodies of up to
+    /// `direct_max` bytes on the calling thread when the link is idle. A large direct send can
+    /// wait for the peer to read, so only callers whose peers are reading (the direct
+    /// exchange) raise the limit.
+    fn send_directly_up_to(
+        &self,
+        header: Header,
+        parts: &[&[u8]],
+        direct_max: usize,
+    ) -> Result<()> {
         let hop = self.topology.next_hop(self.rank, header.dst, self.world);
-        if body.len() <= FIRST_LEN - HEADER_LEN {
+        if parts.iter().map(|p| p.len()).sum::<usize>() <= direct_max {
             if let Some(index) = self.link_index(hop) {
                 let link = &self.links[index];
                 if let Ok(_sending) = link.sending.try_lock() {
@@ -608,7 +671,7 @@ impl Shared {
                                 });
                             }
                         }
-                        return self.send_frame(hop, &header, &body).map_err(|e| {
+                        return self.send_frame(hop, &header, parts).map_err(|e| {
                             let reason = format!("MLX send to rank {hop} failed: {e}");
                             self.link_failed(index, reason.clone());
                             CollectiveError::PeerLost { peer: hop, reason }
@@ -617,21 +680,43 @@ impl Shared {
                 }
             }
         }
-        self.enqueue(header, body)
+        self.enqueue(header, parts.concat())
     }
 
-    /// Sends one frame over MLX to the linked `peer`.
+    /// Sends one frame, whose body is `parts` one after the other, over MLX to the linked
+    /// `peer`.
     pub(crate) fn send_frame(
         &self,
         peer: u32,
         header: &Header,
-        body: &[u8],
+        parts: &[&[u8]],
     ) -> Result<(), ShimError> {
-        let mut first = [0u8; FIRST_LEN];
-        first[..HEADER_LEN].copy_from_slice(&header.encode());
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let head = header.encode();
+        let zeros = [0u8; FIRST_LEN];
+        // A first piece is always FIRST_LEN bytes long, so a short body is padded.
+        let pad = &zeros[..FIRST_LEN.saturating_sub(HEADER_LEN + len)];
+        if self.byte_stream && len <= PIECE_LEN - HEADER_LEN {
+            // One MLX send instead of two: the receiver still reads the first piece and the
+            // rest separately, which a byte stream allows.
+            let mut gathered: Vec<&[u8]> = Vec::with_capacity(parts.len() + 2);
+            gathered.push(&head);
+            gathered.extend_from_slice(parts);
+            gathered.push(pad);
+            return self.group.send_parts(peer, &gathered);
+        }
+        let joined;
+        let body = match parts {
+            [] => &[][..],
+            [one] => one,
+            _ => {
+                joined = parts.concat();
+                &joined[..]
+            }
+        };
         let inline = body.len().min(FIRST_LEN - HEADER_LEN);
-        first[HEADER_LEN..HEADER_LEN + inline].copy_from_slice(&body[..inline]);
-        self.group.send(peer, &first)?;
+        self.group
+            .send_parts(peer, &[&head, &body[..inline], pad])?;
         for piece in body[inline..].chunks(PIECE_LEN) {
             self.group.send(peer, piece)?;
         }
@@ -1088,15 +1173,8 @@ impl Transport for MlxTransport {
         let Some(index) = s.link_index(s.last_hop_from(from)) else {
             return s.inbox.take(from, tag, timeout);
         };
-        let id = s.next_waiter.fetch_add(1, Ordering::Relaxed);
-        lock(&s.state).demand[index].push((id, from, tag.raw()));
-        s.changed.notify_all();
-        let result = s.inbox.take(from, tag, timeout);
-        let mut state = lock(&s.state);
-        if let Some(at) = state.demand[index].iter().position(|e| e.0 == id) {
-            state.demand[index].remove(at);
-        }
-        result
+        let _demand = Demand::register(s, index, from, tag);
+        s.inbox.take(from, tag, timeout)
     }
 
     fn send_failure(&self, to: u32, tag: Tag, failure: Failure) -> Result<()> {
@@ -1183,44 +1261,81 @@ impl MlxTransport {
             s.next_native_seq(),
             EXCHANGE_PHASE,
         );
-        let wire = plan.widen(data);
+        // MLX's wire type is the caller's own for in-place plans, which then need no copy.
+        let wire: Cow<'_, [u8]> = if plan.in_place() {
+            Cow::Borrowed(data)
+        } else {
+            Cow::Owned(plan.widen(data))
+        };
         let head = encode_descriptor(descriptor);
-        for peer in (0..s.world).filter(|&p| p != s.rank) {
-            self.send_message(peer, tag, &[&head, &wire])?;
+        s.check_usable()?;
+        // The receivers read before anything is sent: then a direct send that waits for the
+        // peer to read cannot wait for a peer that waits likewise.
+        let peers: Vec<u32> = (0..s.world).filter(|&p| p != s.rank).collect();
+        let _demands: Vec<Demand<'_>> = peers
+            .iter()
+            .filter_map(|&from| {
+                let index = s.link_index(s.last_hop_from(from))?;
+                Some(Demand::register(s, index, from, tag))
+            })
+            .collect();
+        for &peer in &peers {
+            s.send_directly_up_to(
+                Header {
+                    kind: Kind::Data,
+                    src: s.rank,
+                    dst: peer,
+                    tag: tag.raw(),
+                    len: (head.len() + wire.len()) as u64,
+                },
+                &[&head, &wire],
+                head.len() + DIRECT_EXCHANGE_MAX,
+            )?;
         }
-        let mut acc: Option<Vec<u8>> = None;
+        let deadline = Instant::now() + s.op_timeout;
+        // The sum so far, as a buffer and the offset of its elements (a received message
+        // starts with the descriptor).
+        let mut acc: Option<(Vec<u8>, usize)> = None;
         for from in 0..s.world {
-            let contribution = if from == s.rank {
-                wire.clone()
-            } else {
-                let after = s.op_timeout;
-                let message =
-                    self.recv_message(from, tag, after)?
-                        .ok_or(CollectiveError::Timeout {
-                            peer: Some(from),
-                            op: "all_reduce",
-                            after,
-                        })?;
-                let theirs = decode_descriptor(&message);
-                if theirs != Some(descriptor) || message.len() != 16 + wire.len() {
-                    return Err(CollectiveError::invalid(format!(
-                        "native all_reduce on rank {} ({}) does not match rank {from}'s \
-                         ({}); every rank must issue the same native collectives in the \
-                         same order",
-                        s.rank,
-                        describe(Some(descriptor)),
-                        describe(theirs)
-                    )));
+            if from == s.rank {
+                match acc.as_mut() {
+                    None => acc = Some((wire.to_vec(), 0)),
+                    Some((acc, at)) => plan.accumulate(&mut acc[*at..], &wire),
                 }
-                message[16..].to_vec()
-            };
+                continue;
+            }
+            let after = s.op_timeout;
+            let message = s
+                .inbox
+                .take(
+                    from,
+                    tag,
+                    deadline.saturating_duration_since(Instant::now()),
+                )?
+                .ok_or(CollectiveError::Timeout {
+                    peer: Some(from),
+                    op: "all_reduce",
+                    after,
+                })?;
+            let theirs = decode_descriptor(&message);
+            if theirs != Some(descriptor) || message.len() != head.len() + wire.len() {
+                return Err(CollectiveError::invalid(format!(
+                    "native all_reduce on rank {} ({}) does not match rank {from}'s \
+                     ({}); every rank must issue the same native collectives in the \
+                     same order",
+                    s.rank,
+                    describe(Some(descriptor)),
+                    describe(theirs)
+                )));
+            }
             match acc.as_mut() {
-                None => acc = Some(contribution),
-                Some(acc) => plan.accumulate(acc, &contribution),
+                None => acc = Some((message, head.len())),
+                Some((acc, at)) => plan.accumulate(&mut acc[*at..], &message[head.len()..]),
             }
         }
+        drop(wire);
         match acc {
-            Some(acc) => plan.narrow(&acc, data, s.world),
+            Some((acc, at)) => plan.narrow(&acc[at..], data, s.world),
             None => Ok(()),
         }
     }
