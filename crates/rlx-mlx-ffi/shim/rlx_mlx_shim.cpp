@@ -285,6 +285,12 @@ void rlxmlx_array_read(const rlxmlx_array* array, void* out) {
   }
 }
 
+void rlxmlx_array_write(rlxmlx_array* array, const void* data) {
+  if (array != nullptr && data != nullptr && array->array.nbytes() > 0) {
+    std::memcpy(array->array.data<char>(), data, array->array.nbytes());
+  }
+}
+
 void rlxmlx_array_free(rlxmlx_array* array) {
   delete array;
 }

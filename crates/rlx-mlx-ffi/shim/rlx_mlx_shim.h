@@ -108,6 +108,10 @@ size_t rlxmlx_array_nbytes(const rlxmlx_array* array);
 // Copies the array's contents (rlxmlx_array_nbytes bytes) to `out`.
 void rlxmlx_array_read(const rlxmlx_array* array, void* out);
 
+// Overwrites the array's contents with rlxmlx_array_nbytes bytes from `data`,
+// so that an array can serve call after call without a new allocation.
+void rlxmlx_array_write(rlxmlx_array* array, const void* data);
+
 // Releases an array.
 void rlxmlx_array_free(rlxmlx_array* array);
 

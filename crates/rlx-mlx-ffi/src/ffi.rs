@@ -77,6 +77,7 @@ unsafe extern "C" {
     ) -> c_int;
     fn rlxmlx_array_nbytes(array: *const RawArray) -> usize;
     fn rlxmlx_array_read(array: *const RawArray, out: *mut c_void);
+    fn rlxmlx_array_write(array: *mut RawArray, data: *const c_void);
     fn rlxmlx_array_free(array: *mut RawArray);
     fn rlxmlx_all_reduce(
         group: *const RawGroup,
@@ -318,6 +319,7 @@ impl Group {
 /// on the caller's thread, and handed to the thread that runs a collective.
 pub(crate) struct HostArray {
     raw: *mut RawArray,
+    dtype: MlxDtype,
 }
 
 // SAFETY: an MLX array is reference-counted data with no thread affinity; the handle is used
@@ -327,6 +329,7 @@ unsafe impl Send for HostArray {}
 impl fmt::Debug for HostArray {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HostArray")
+            .field("dtype", &self.dtype)
             .field("nbytes", &self.nbytes())
             .finish()
     }
@@ -357,7 +360,30 @@ impl HostArray {
                 message: "MLX returned no array".to_owned(),
             });
         }
-        Ok(HostArray { raw })
+        Ok(HostArray { raw, dtype })
+    }
+
+    /// The element type.
+    pub(crate) fn dtype(&self) -> MlxDtype {
+        self.dtype
+    }
+
+    /// Overwrites the contents with `data`, which must be exactly [`HostArray::nbytes`] long.
+    pub(crate) fn write_from(&mut self, data: &[u8]) -> Result<(), ShimError> {
+        if data.len() != self.nbytes() {
+            return Err(ShimError {
+                refused: true,
+                message: format!(
+                    "{} bytes do not fill an array of {}",
+                    data.len(),
+                    self.nbytes()
+                ),
+            });
+        }
+        // SAFETY: `data` is readable for exactly `nbytes()` bytes (checked above), the handle
+        // is live and `&mut self` makes this the only user of the array.
+        unsafe { rlxmlx_array_write(self.raw, data.as_ptr().cast()) };
+        Ok(())
     }
 
     /// Size of the contents in bytes.

@@ -8,7 +8,8 @@
 //! [`MlxTransport::init`] reports [`CollectiveError::Unsupported`](rlx_transport::CollectiveError).
 //!
 //! Layout: `ffi` holds the raw `extern "C"` block and the owned handles, `transport` the
-//! safe [`MlxTransport`] and `progress` the threads behind it; `frame` (message headers), `backend` (backend choice and
+//! safe [`MlxTransport`], `progress` the threads behind it and `pool` the arrays reused
+//! between native collectives; `frame` (message headers), `backend` (backend choice and
 //! routing) and `native` (precision rules of the native collectives) are plain code that is
 //! tested without MLX.
 //!
@@ -33,6 +34,8 @@ mod ffi;
 mod frame;
 #[cfg(any(feature = "mlx", test))]
 mod native;
+#[cfg(feature = "mlx")]
+mod pool;
 #[cfg(feature = "mlx")]
 mod progress;
 #[cfg(feature = "mlx")]

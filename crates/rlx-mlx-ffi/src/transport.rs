@@ -64,9 +64,10 @@ use rlx_transport::{
 };
 
 use crate::backend::{Backend, Topology};
-use crate::ffi::{self, Group, HostArray, ShimError};
+use crate::ffi::{self, Group, ShimError};
 use crate::frame::{HEADER_LEN, Header, Kind};
 use crate::native::{MlxDtype, MlxReduce, ReducePlan};
+use crate::pool::ArrayPool;
 use crate::progress::{
     ExitState, Exits, FIRST_LEN, Link, Outgoing, PIECE_LEN, Role, collective_loop, receiver_loop,
     sender_loop,
@@ -139,6 +140,8 @@ pub(crate) struct Shared {
     pub(crate) op_timeout: Duration,
     pub(crate) inbox: Inbox,
     pub(crate) links: Vec<Link>,
+    /// Arrays kept between native collectives.
+    pub(crate) arrays: ArrayPool,
     pub(crate) state: Mutex<State>,
     pub(crate) changed: Condvar,
     /// Keeps this process's native collectives one at a time.
@@ -465,6 +468,7 @@ impl MlxTransport {
                     sending: Mutex::new(()),
                 })
                 .collect(),
+            arrays: ArrayPool::default(),
             state: Mutex::new(State {
                 aborted: false,
                 closing: false,
@@ -1379,10 +1383,12 @@ impl NativeCollectives for MlxTransport {
         // bytes when MLX can reduce them as they are, else from their widened copy.
         let array = match (data.is_empty(), plan.in_place()) {
             (true, _) => None,
-            (false, true) => Some(HostArray::copy_of(plan.wire, data).map_err(failed)?),
-            (false, false) => {
-                Some(HostArray::copy_of(plan.wire, &plan.widen(data)).map_err(failed)?)
-            }
+            (false, true) => Some(s.arrays.filled(plan.wire, data).map_err(failed)?),
+            (false, false) => Some(
+                s.arrays
+                    .filled(plan.wire, &plan.widen(data))
+                    .map_err(failed)?,
+            ),
         };
         let op = plan.op;
         let reduced = s.native("all_reduce", desc, move |g| {
@@ -1396,10 +1402,13 @@ impl NativeCollectives for MlxTransport {
             return Ok(());
         };
         if plan.in_place() {
-            return reduced.read_into(data).map_err(failed);
+            reduced.read_into(data).map_err(failed)?;
+            s.arrays.give_back(reduced);
+            return Ok(());
         }
         let mut wire = vec![0u8; reduced.nbytes()];
         reduced.read_into(&mut wire).map_err(failed)?;
+        s.arrays.give_back(reduced);
         plan.narrow(&wire, data, s.world)
     }
 
@@ -1419,8 +1428,8 @@ impl NativeCollectives for MlxTransport {
             None
         } else {
             Some((
-                HostArray::copy_of(MlxDtype::U8, local).map_err(failed)?,
-                HostArray::uninitialized(MlxDtype::U8, out.len()).map_err(failed)?,
+                s.arrays.filled(MlxDtype::U8, local).map_err(failed)?,
+                s.arrays.blank(MlxDtype::U8, out.len()).map_err(failed)?,
             ))
         };
         let gathered = s.native("all_gather", desc, move |g| {
@@ -1428,12 +1437,14 @@ impl NativeCollectives for MlxTransport {
                 return Ok(None);
             };
             g.all_gather(&local, &mut gathered)?;
-            Ok(Some(gathered))
+            Ok(Some((local, gathered)))
         })?;
-        match gathered {
-            Some(gathered) => gathered.read_into(out).map_err(failed),
-            None => Ok(()),
+        if let Some((local, gathered)) = gathered {
+            gathered.read_into(out).map_err(failed)?;
+            s.arrays.give_back(local);
+            s.arrays.give_back(gathered);
         }
+        Ok(())
     }
 
     fn reduce_scatter(
@@ -1466,8 +1477,10 @@ impl NativeCollectives for MlxTransport {
             None
         } else {
             Some((
-                HostArray::copy_of(plan.wire, &plan.widen(input)).map_err(failed)?,
-                HostArray::uninitialized(plan.wire, count).map_err(failed)?,
+                s.arrays
+                    .filled(plan.wire, &plan.widen(input))
+                    .map_err(failed)?,
+                s.arrays.blank(plan.wire, count).map_err(failed)?,
             ))
         };
         let block = s.native("reduce_scatter", desc, move |g| {
@@ -1475,13 +1488,15 @@ impl NativeCollectives for MlxTransport {
                 return Ok(None);
             };
             g.sum_scatter(&input, &mut block)?;
-            Ok(Some(block))
+            Ok(Some((input, block)))
         })?;
-        let Some(block) = block else {
+        let Some((input, block)) = block else {
             return Ok(());
         };
         let mut wire = vec![0u8; block.nbytes()];
         block.read_into(&mut wire).map_err(failed)?;
+        s.arrays.give_back(input);
+        s.arrays.give_back(block);
         plan.narrow(&wire, out, s.world)
     }
 }
