@@ -34,6 +34,17 @@ pub(crate) fn run(args: &CiArgs) -> Result<(), String> {
             "warnings",
         ]),
     )?;
+    // Rustdoc warnings (broken or private intra-doc links, bare URLs) fail CI like clippy's.
+    run_step(
+        "docs",
+        cargo().env("RUSTDOCFLAGS", "-D warnings").args([
+            "doc",
+            "--workspace",
+            "--no-deps",
+            "--features",
+            "rlx-collective/thunderbolt",
+        ]),
+    )?;
     run_step(
         "tests",
         cargo().args([

@@ -184,48 +184,17 @@ pub(crate) fn tune(stream: &TcpStream) -> io::Result<()> {
     Ok(())
 }
 
-/// Interface addresses of this host, by name (IPv4 and IPv6, link-local v6 excluded).
-fn interface_addresses() -> io::Result<Vec<(String, IpAddr)>> {
-    let mut out = Vec::new();
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `head` with a list that we free with freeifaddrs below.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut cur = head;
-    while !cur.is_null() {
-        // SAFETY: `cur` is a node of the list getifaddrs returned, valid until freeifaddrs.
-        let ifa = unsafe { &*cur };
-        cur = ifa.ifa_next;
-        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
-            continue;
-        }
-        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
-            .to_string_lossy()
-            .into_owned();
-        // SAFETY: ifa_addr is non-null and points at a sockaddr of the family it names.
-        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
-        let ip = if family == libc::AF_INET {
-            // SAFETY: for AF_INET the address is a sockaddr_in.
-            let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-            IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
-        } else if family == libc::AF_INET6 {
-            // SAFETY: for AF_INET6 the address is a sockaddr_in6.
-            let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
-            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            if ip.segments()[0] & 0xffc0 == 0xfe80 {
-                continue;
-            }
-            IpAddr::V6(ip)
-        } else {
-            continue;
-        };
-        out.push((name, ip));
-    }
-    // SAFETY: `head` came from getifaddrs and is freed exactly once.
-    unsafe { libc::freeifaddrs(head) };
-    Ok(out)
+/// Interface addresses of this host, by name (IPv4 and IPv6, link-local v6 excluded: without a
+/// scope id other hosts could not use them).
+fn interface_addresses() -> Result<Vec<(String, IpAddr)>, CollectiveError> {
+    let entries = rlx_transport::interfaces::addresses()?;
+    Ok(entries
+        .into_iter()
+        .filter_map(|entry| match entry.addr? {
+            IpAddr::V6(v6) if is_link_local_v6(&v6) => None,
+            ip => Some((entry.name, ip)),
+        })
+        .collect())
 }
 
 /// The scope id of the store's address when it is IPv6 link-local, as this host resolved it.
@@ -265,7 +234,7 @@ fn choose_ip(cfg: &BootConfig, master: &[SocketAddr]) -> Result<(IpAddr, IpAddr)
     }
     let want_v6 = master.iter().all(SocketAddr::is_ipv6);
     if let Some(filter) = &cfg.ifname {
-        let all = interface_addresses().map_err(|e| io_err(None, e))?;
+        let all = interface_addresses()?;
         let pick = all
             .iter()
             .filter(|(name, _)| filter.matches(name))

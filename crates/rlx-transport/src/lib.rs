@@ -32,6 +32,7 @@ mod dtype;
 mod error;
 pub mod ifname;
 pub mod inbox;
+pub mod interfaces;
 mod mem;
 pub mod ports;
 pub mod symmetric;

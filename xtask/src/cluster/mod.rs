@@ -44,8 +44,9 @@ pub(crate) struct ClusterArgs {
     /// With --netns: a tbf rate limit on every link (e.g. 20gbit, Thunderbolt 4's TCP rate).
     #[arg(long, requires = "netns")]
     pub(crate) rate: Option<String>,
-    /// Kill rank RANK (SIGKILL) at POINT: a case index, or OP[:NTH] for the start of the NTH
-    /// (from 0) group of collective OP, a group being one dtype and size (e.g. 2@all_reduce:3).
+    /// Kill rank RANK (SIGKILL) at POINT: a case index, OP or OP:NTH for the start of the NTH
+    /// (from 0, the default) group of collective OP, a group being one dtype and size (e.g.
+    /// 2@all_reduce:3).
     #[arg(long, value_name = "RANK@POINT", conflicts_with = "stall")]
     pub(crate) kill: Option<Target>,
     /// Freeze rank RANK at POINT (same syntax as --kill); survivors must time out (or lose a

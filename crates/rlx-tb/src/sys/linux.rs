@@ -7,6 +7,7 @@
 use std::io;
 use std::path::Path;
 
+use rlx_transport::interfaces::{self, InterfaceAddress};
 use rlx_transport::{CollectiveError, Result};
 use socket2::Socket;
 
@@ -78,8 +79,8 @@ pub(crate) fn scan_sysfs(root: &Path) -> Result<Vec<Interface>> {
     Ok(out)
 }
 
-/// Adds the addresses of `entries` (from `getifaddrs`) to the interfaces of the same name.
-pub(crate) fn merge_addresses(interfaces: &mut [Interface], entries: &[unix::IfAddr]) {
+/// Adds the addresses of `entries` (the interface list) to the interfaces of the same name.
+pub(crate) fn merge_addresses(interfaces: &mut [Interface], entries: &[InterfaceAddress]) {
     for (name, _, addrs) in unix::group_by_interface(entries) {
         if let Some(interface) = interfaces.iter_mut().find(|i| i.name == name) {
             interface.addrs = addrs;
@@ -90,7 +91,7 @@ pub(crate) fn merge_addresses(interfaces: &mut [Interface], entries: &[unix::IfA
 /// The contract's `list_interfaces`: sysfs for identity, `getifaddrs` for addresses.
 pub(crate) fn list_interfaces() -> Result<Vec<Interface>> {
     let mut interfaces = scan_sysfs(Path::new(SYSFS_NET))?;
-    let entries = unix::if_addrs()?;
+    let entries = interfaces::addresses()?;
     // sysfs can belong to another network namespace than this thread; trust the thread's own
     // view for what exists and its index, and sysfs only for the driver evidence.
     let grouped = unix::group_by_interface(&entries);
@@ -243,15 +244,17 @@ mod tests {
     fn addresses_are_merged_by_name() {
         let mut interfaces = vec![Interface::new("thunderbolt0", 4, true)];
         let entries = vec![
-            unix::IfAddr {
+            InterfaceAddress {
                 name: "thunderbolt0".into(),
                 addr: Some("fe80::2".parse().unwrap()),
-                flags: 0,
+                up: false,
+                running: false,
             },
-            unix::IfAddr {
+            InterfaceAddress {
                 name: "other".into(),
                 addr: Some("10.0.0.1".parse().unwrap()),
-                flags: 0,
+                up: false,
+                running: false,
             },
         ];
         merge_addresses(&mut interfaces, &entries);

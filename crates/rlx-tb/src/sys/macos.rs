@@ -163,7 +163,7 @@ mod system {
     /// The contract's `list_interfaces`: `getifaddrs`, the hardware-port list and the members
     /// of every bridge.
     pub(crate) fn list_interfaces() -> Result<Vec<Interface>> {
-        let entries = unix::if_addrs()?;
+        let entries = rlx_transport::interfaces::addresses()?;
         let seen: Vec<_> = unix::group_by_interface(&entries)
             .into_iter()
             .map(|(name, up, addrs)| {

@@ -17,9 +17,10 @@
 //! `linux.rs` and `macos.rs` keep their parsing functions free of system calls and fed by
 //! arguments (a sysfs root, the text of a system tool), so they are unit-tested with fake data;
 //! `macos.rs` is compiled on every OS for that reason, with its system calls behind
-//! `cfg(target_os = "macos")`. `unix.rs` holds what both share (`getifaddrs`,
-//! `if_nametoindex`). `unsupported.rs` compiles everywhere else and answers `Unsupported`, so
-//! `cargo check` works on any OS.
+//! `cfg(target_os = "macos")`. Both read the interface list (`getifaddrs`) through
+//! [`rlx_transport::interfaces`]; `unix.rs` holds the rest they share (`if_nametoindex`, the
+//! grouping of that list per interface). `unsupported.rs` compiles everywhere else and answers
+//! `Unsupported`, so `cargo check` works on any OS.
 
 #[cfg(target_os = "linux")]
 pub(crate) mod linux;

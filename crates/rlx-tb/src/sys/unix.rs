@@ -1,94 +1,10 @@
-//! What Linux and macOS share: the interface list of `getifaddrs` and `if_nametoindex` /
-//! `if_indextoname`, wrapped safely.
+//! What Linux and macOS share: `if_nametoindex` / `if_indextoname`, wrapped safely, and the
+//! grouping of the interface list (read by [`rlx_transport::interfaces`]) per interface.
 
 use std::ffi::{CStr, CString};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
-use rlx_transport::{CollectiveError, Result};
-
-/// One entry of `getifaddrs`: an interface name with one of its addresses (or none) and its
-/// flags. An interface appears once per address.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct IfAddr {
-    pub(crate) name: String,
-    pub(crate) addr: Option<IpAddr>,
-    pub(crate) flags: u32,
-}
-
-impl IfAddr {
-    /// Whether the flags say administratively up and running (carrier present).
-    pub(crate) fn is_up(&self) -> bool {
-        let up = libc::IFF_UP as u32;
-        let running = libc::IFF_RUNNING as u32;
-        self.flags & up != 0 && self.flags & running != 0
-    }
-}
-
-fn io_error(call: &str) -> CollectiveError {
-    let source = std::io::Error::last_os_error();
-    CollectiveError::Io {
-        peer: None,
-        source: std::io::Error::new(source.kind(), format!("{call}: {source}")),
-    }
-}
-
-/// Every interface address of the calling thread's network namespace.
-pub(crate) fn if_addrs() -> Result<Vec<IfAddr>> {
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: `getifaddrs` stores the head of a list it allocated into `head`, or fails and
-    // leaves it untouched; the list is freed below with `freeifaddrs`.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return Err(io_error("getifaddrs"));
-    }
-    let mut out = Vec::new();
-    let mut cursor = head;
-    while !cursor.is_null() {
-        // SAFETY: `cursor` is a node of the list returned by `getifaddrs`, valid until
-        // `freeifaddrs`; nothing else mutates it.
-        let entry = unsafe { &*cursor };
-        if !entry.ifa_name.is_null() {
-            // SAFETY: `ifa_name` is a NUL-terminated string owned by the list.
-            let name = unsafe { CStr::from_ptr(entry.ifa_name) }
-                .to_string_lossy()
-                .into_owned();
-            out.push(IfAddr {
-                name,
-                addr: ip_of(entry.ifa_addr),
-                flags: entry.ifa_flags,
-            });
-        }
-        cursor = entry.ifa_next;
-    }
-    // SAFETY: `head` came from a successful `getifaddrs` and is freed exactly once; no borrow of
-    // the list outlives this point (names were copied).
-    unsafe { libc::freeifaddrs(head) };
-    Ok(out)
-}
-
-/// The IP address in a `sockaddr` of `getifaddrs`, when it is IPv4 or IPv6.
-fn ip_of(addr: *const libc::sockaddr) -> Option<IpAddr> {
-    if addr.is_null() {
-        return None;
-    }
-    // SAFETY: a non-null `ifa_addr` points at a sockaddr at least as large as its family's
-    // structure; the family is read first and selects the structure that is read (unaligned
-    // reads, since the list gives no alignment promise beyond the platform's).
-    unsafe {
-        match i32::from((*addr).sa_family) {
-            libc::AF_INET => {
-                let sin = std::ptr::read_unaligned(addr.cast::<libc::sockaddr_in>());
-                Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
-                    sin.sin_addr.s_addr,
-                ))))
-            }
-            libc::AF_INET6 => {
-                let sin6 = std::ptr::read_unaligned(addr.cast::<libc::sockaddr_in6>());
-                Some(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)))
-            }
-            _ => None,
-        }
-    }
-}
+use rlx_transport::interfaces::InterfaceAddress;
 
 /// The index of interface `name`, or `None` when there is no such interface.
 pub(crate) fn index_of(name: &str) -> Option<u32> {
@@ -115,8 +31,9 @@ pub(crate) fn name_of(index: u32) -> Option<String> {
     Some(name.to_string_lossy().into_owned())
 }
 
-/// Groups `getifaddrs` entries by interface, in first-seen order: `(name, up, addresses)`.
-pub(crate) fn group_by_interface(entries: &[IfAddr]) -> Vec<(String, bool, Vec<IpAddr>)> {
+/// Groups interface-list entries by interface, in first-seen order: `(name, up, addresses)`,
+/// where `up` means up and running.
+pub(crate) fn group_by_interface(entries: &[InterfaceAddress]) -> Vec<(String, bool, Vec<IpAddr>)> {
     let mut out: Vec<(String, bool, Vec<IpAddr>)> = Vec::new();
     for entry in entries {
         let at = match out.iter().position(|(n, _, _)| *n == entry.name) {
@@ -127,7 +44,7 @@ pub(crate) fn group_by_interface(entries: &[IfAddr]) -> Vec<(String, bool, Vec<I
             }
         };
         let slot = &mut out[at];
-        slot.1 |= entry.is_up();
+        slot.1 |= entry.is_up_and_running();
         if let Some(addr) = entry.addr {
             slot.2.push(addr);
         }
@@ -141,7 +58,7 @@ mod tests {
 
     #[test]
     fn loopback_is_listed_with_its_index() {
-        let entries = if_addrs().unwrap();
+        let entries = rlx_transport::interfaces::addresses().unwrap();
         assert!(entries.iter().any(|e| e.name == "lo" || e.name == "lo0"));
         let lo = entries
             .iter()
@@ -156,23 +73,16 @@ mod tests {
 
     #[test]
     fn entries_are_grouped_per_interface() {
-        let up = (libc::IFF_UP | libc::IFF_RUNNING) as u32;
+        let entry = |name: &str, addr: Option<&str>, up: bool| InterfaceAddress {
+            name: name.into(),
+            addr: addr.map(|a| a.parse().unwrap()),
+            up,
+            running: up,
+        };
         let entries = vec![
-            IfAddr {
-                name: "a".into(),
-                addr: None,
-                flags: 0,
-            },
-            IfAddr {
-                name: "b".into(),
-                addr: Some("10.0.0.1".parse().unwrap()),
-                flags: up,
-            },
-            IfAddr {
-                name: "a".into(),
-                addr: Some("fe80::1".parse().unwrap()),
-                flags: up,
-            },
+            entry("a", None, false),
+            entry("b", Some("10.0.0.1"), true),
+            entry("a", Some("fe80::1"), true),
         ];
         let grouped = group_by_interface(&entries);
         assert_eq!(grouped.len(), 2);
