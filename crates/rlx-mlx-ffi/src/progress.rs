@@ -111,7 +111,7 @@ pub(crate) fn collective_loop(shared: &Shared) {
                 jobs = wait_timeout(&shared.job_queued, jobs, ABORT_POLL);
             }
         };
-        job(&shared.group);
+        job(shared);
     }
 }
 
@@ -185,6 +185,11 @@ pub(crate) fn receiver_loop(shared: &Shared, index: usize) {
                 if state.aborted || state.dead[index].is_some() {
                     return;
                 }
+                if state.owned {
+                    // The collective thread reads the links until the collective ends.
+                    state = wait(&shared.changed, state);
+                    continue;
+                }
                 if state.always_receive || state.closing || !state.demand[index].is_empty() {
                     break;
                 }
@@ -200,27 +205,43 @@ pub(crate) fn receiver_loop(shared: &Shared, index: usize) {
                 pausing_since = None;
                 state = wait(&shared.changed, state);
             }
+            state.receiving[index] = true;
         }
-        if let Err(reason) = receive_one(shared, index) {
-            let state = lock(&shared.state);
-            let quiet = state.closing || state.aborted;
-            drop(state);
-            if !quiet {
-                shared.link_failed(index, reason);
-            } else {
-                shared.inbox.mark_lost(peer, reason);
+        let paused = match receive_one(shared, index) {
+            Ok(paused) => paused,
+            Err(reason) => {
+                let state = lock(&shared.state);
+                let quiet = state.closing || state.aborted;
+                drop(state);
+                if !quiet {
+                    shared.link_failed(index, reason);
+                } else {
+                    shared.inbox.mark_lost(peer, reason);
+                }
+                return;
             }
-            return;
+        };
+        let mut state = lock(&shared.state);
+        if let Some(descriptor) = paused {
+            // The peer's next bytes belong to its native collective: nothing more is read
+            // until this rank's has run.
+            state.peer_paused[index] = Some(descriptor);
+            shared.changed.notify_all();
+            shared.park(state, index);
+            state = lock(&shared.state);
         }
-        let state = lock(&shared.state);
+        state.receiving[index] = false;
+        shared.changed.notify_all();
         if state.aborted || state.dead[index].is_some() {
             return;
         }
     }
 }
 
-/// Receives and handles one frame from link `index`; an error ends the link.
-fn receive_one(shared: &Shared, index: usize) -> Result<(), String> {
+/// Receives and handles one frame from link `index`: data and failure notices are delivered
+/// or forwarded; a pause frame's descriptor is returned (whoever reads it owns the link
+/// until the collective ends). An error ends the link.
+pub(crate) fn receive_one(shared: &Shared, index: usize) -> Result<Option<(u64, u64)>, String> {
     let peer = shared.links[index].peer;
     let mut first = [0u8; FIRST_LEN];
     shared
@@ -233,13 +254,7 @@ fn receive_one(shared: &Shared, index: usize) -> Result<(), String> {
         Header::decode(&head, peer, shared.world, MAX_MESSAGE_LEN).map_err(|e| e.to_string())?;
     match header.kind {
         Kind::Bye => Err(format!("rank {peer} closed its MLX transport")),
-        Kind::Pause => {
-            let mut state = lock(&shared.state);
-            state.peer_paused[index] = Some((header.tag, header.len));
-            shared.changed.notify_all();
-            shared.park(state, index);
-            Ok(())
-        }
+        Kind::Pause => Ok(Some((header.tag, header.len))),
         Kind::Data | Kind::Failure => {
             let len = usize::try_from(header.body_len())
                 .map_err(|_| format!("frame of {} bytes from rank {peer}", header.len))?;
@@ -259,7 +274,7 @@ fn receive_one(shared: &Shared, index: usize) -> Result<(), String> {
                 // Forwarding only fails when the next link is gone; the sender then learns of
                 // it through its own timeout, as on any lossy route.
                 let _ = shared.enqueue(header, body);
-                return Ok(());
+                return Ok(None);
             }
             let tag = Tag::from_raw(header.tag);
             let delivery = match header.kind {
@@ -277,7 +292,7 @@ fn receive_one(shared: &Shared, index: usize) -> Result<(), String> {
             }
             drop(state);
             let _ = shared.inbox.deliver(header.src, tag, delivery);
-            Ok(())
+            Ok(None)
         }
     }
 }

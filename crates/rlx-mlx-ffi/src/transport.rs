@@ -25,6 +25,11 @@
 //!   links are then quiet. MLX runs the collective on the transport's collective thread
 //!   while the caller waits at most the operation timeout, and the link threads resume.
 //!   Mismatched descriptors fail the call on both sides instead of corrupting data.
+//!   When this rank's links are idle (nothing queued or being sent, no receive posted), the
+//!   link threads are left out altogether: the collective thread takes the links, sends the
+//!   pause frames, reads each link up to the peer's pause frame (delivering what arrives
+//!   before it) and runs the collective, so the caller hands over once. The wire is the same
+//!   either way, so ranks may take either path.
 //! - Where some ranks are not linked (rings of four or more), a rank that pauses stops
 //!   forwarding, and a rank still finishing its previous operation may wait for a message
 //!   that only the paused rank can forward. So there every rank first announces the native
@@ -69,8 +74,8 @@ use crate::frame::{HEADER_LEN, Header, Kind};
 use crate::native::{MlxDtype, MlxReduce, ReducePlan};
 use crate::pool::ArrayPool;
 use crate::progress::{
-    ExitState, Exits, FIRST_LEN, Link, Outgoing, PIECE_LEN, Role, collective_loop, receiver_loop,
-    sender_loop,
+    ExitState, Exits, FIRST_LEN, Link, Outgoing, PIECE_LEN, Role, collective_loop, receive_one,
+    receiver_loop, sender_loop,
 };
 use crate::sync::{lock, wait, wait_timeout};
 
@@ -78,10 +83,10 @@ use crate::sync::{lock, wait, wait_timeout};
 /// direct exchange over MLX's send/recv when every rank is linked to every other (rings of
 /// two or three ranks, MPI): each rank sends its contribution to all others and combines all
 /// of them in rank order, in the wide type. A native collective first pauses the links (a
-/// small MLX message each way) and then runs MLX's own, which costs about two message
-/// latencies more. Measured on two loopback ranks of this 2-core machine (medians of 5
-/// interleaved runs under load, µs, exchange vs pause + MLX all_sum): 512 B 148 vs 327,
-/// 4 KiB 152 vs 218, 32 KiB 171 vs 220, 256 KiB 648 vs 332; hence 64 KiB.
+/// small MLX message each way) and then runs MLX's own. Measured on two loopback ranks of a
+/// 2-core machine (f32 sums, best of 5 interleaved runs of 200-call medians, µs, exchange vs
+/// pause + MLX all_sum on idle links): 512 B 28.8 vs 32.1, 32 KiB 57.8 vs 64.5, 256 KiB
+/// 143 vs 105; hence 64 KiB.
 const DIRECT_EXCHANGE_MAX: usize = 64 << 10;
 
 /// Phase of the transport-group tags of direct-exchange all-reduces.
@@ -121,6 +126,12 @@ pub(crate) struct State {
     pub(crate) demand: Vec<Vec<(u64, u32, u64)>>,
     /// How many native collectives wait for the peers' pause frames.
     pub(crate) pausing: usize,
+    /// Per link: whether its receiver is reading from it (from deciding to post a receive
+    /// until the frame is handled, including a park after a pause frame).
+    pub(crate) receiving: Vec<bool>,
+    /// Whether the collective thread owns every link (see `Shared::own_idle_links`): the
+    /// receivers then post nothing.
+    pub(crate) owned: bool,
     /// Whether receivers keep a receive posted without demand (ring worlds of four or more,
     /// where this rank forwards other ranks' messages).
     pub(crate) always_receive: bool,
@@ -188,6 +199,16 @@ impl Drop for Demand<'_> {
     }
 }
 
+/// What the collective thread reports of a native collective on owned links.
+enum Owned<R> {
+    /// The pauses matched and MLX ran the collective, with this result.
+    Ran(Result<R, ShimError>),
+    /// This peer's next native collective is a different one.
+    Mismatch(u32, Option<Descriptor>),
+    /// A link failed while the pause frames were exchanged.
+    LinkFailed(String),
+}
+
 /// How a transport's ranks are linked.
 struct LinkKind {
     topology: Topology,
@@ -195,7 +216,7 @@ struct LinkKind {
 }
 
 /// One MLX collective, run by the collective thread.
-type Job = Box<dyn FnOnce(&Group) + Send>;
+type Job = Box<dyn FnOnce(&Shared) + Send>;
 
 /// RLX's [`Transport`] over MLX's distributed module (`ring`, `jaccl` or `mpi`); see the
 /// module docs for how tags, deadlines and native collectives are kept.
@@ -479,6 +500,8 @@ impl MlxTransport {
                 peer_paused: vec![None; n],
                 demand: vec![Vec::new(); n],
                 pausing: 0,
+                receiving: vec![false; n],
+                owned: false,
                 always_receive: topology == Topology::Ring && world >= 4,
             }),
             changed: Condvar::new(),
@@ -767,6 +790,9 @@ impl Shared {
                 });
             }
         }
+        if let Some(held) = self.own_idle_links() {
+            return self.native_on_owned_links(op, descriptor, run, held);
+        }
         if self.links.len() + 1 < self.world as usize {
             self.announce(op, descriptor)?;
         }
@@ -785,22 +811,10 @@ impl Shared {
             }
         };
         let result = match mismatch {
-            Some((peer, theirs)) => Err(CollectiveError::invalid(format!(
-                "native {op} on rank {} ({}) does not match rank {peer}'s next native \
-                 collective ({}); every rank must issue the same native collectives in the \
-                 same order",
-                self.rank,
-                describe(Some(descriptor)),
-                describe(theirs)
-            ))),
-            None => self.run_on_collective_thread(op, run).and_then(|r| {
-                r.map_err(|e| {
-                    if !e.refused {
-                        self.all_links_failed(format!("MLX {op} failed: {e}"));
-                    }
-                    e.into_error(op)
-                })
-            }),
+            Some((peer, theirs)) => Err(self.mismatch(op, descriptor, peer, theirs)),
+            None => self
+                .run_on_collective_thread(op, move |shared| run(&shared.group))
+                .and_then(|r| self.mlx_outcome(op, r)),
         };
         let mut state = lock(&self.state);
         state.sender_paused.iter_mut().for_each(|p| *p = false);
@@ -810,6 +824,138 @@ impl Shared {
         self.changed.notify_all();
         drop(held);
         result
+    }
+
+    /// The error of native collective `ours` on this rank when `peer`'s next native collective
+    /// is `theirs`.
+    fn mismatch(
+        &self,
+        op: &'static str,
+        ours: Descriptor,
+        peer: u32,
+        theirs: Option<Descriptor>,
+    ) -> CollectiveError {
+        CollectiveError::invalid(format!(
+            "native {op} on rank {} ({}) does not match rank {peer}'s next native collective \
+             ({}); every rank must issue the same native collectives in the same order",
+            self.rank,
+            describe(Some(ours)),
+            describe(theirs)
+        ))
+    }
+
+    /// The caller's result of an MLX collective that ran: a failure MLX did not refuse up
+    /// front leaves the links in an unknown state.
+    fn mlx_outcome<R>(&self, op: &'static str, outcome: Result<R, ShimError>) -> Result<R> {
+        outcome.map_err(|e| {
+            if !e.refused {
+                self.all_links_failed(format!("MLX {op} failed: {e}"));
+            }
+            e.into_error(op)
+        })
+    }
+
+    /// Takes every link for the collective thread when all of them are idle here: nothing
+    /// queued or being sent, no receive posted (see the module docs). Returns the links' send
+    /// locks, held until the collective ends; `None` when some link is busy, and in worlds
+    /// that forward, whose receivers always read.
+    fn own_idle_links(&self) -> Option<Vec<MutexGuard<'_, ()>>> {
+        if self.links.len() + 1 < self.world as usize {
+            return None;
+        }
+        let mut held = Vec::with_capacity(self.links.len());
+        for link in &self.links {
+            let sending = link.sending.try_lock().ok()?;
+            if !lock(&link.queue).is_empty() {
+                return None;
+            }
+            held.push(sending);
+        }
+        let mut state = lock(&self.state);
+        let busy = state.always_receive
+            || state.receiving.iter().any(|&r| r)
+            || state.dead.iter().any(Option::is_some);
+        if busy {
+            return None;
+        }
+        state.owned = true;
+        Some(held)
+    }
+
+    /// The fast way of [`Shared::native`], with every link owned by this rank's collective
+    /// thread: that thread sends the pause frames, reads the peers' (delivering what arrives
+    /// before them as the receivers would) and runs the collective, so the caller hands over
+    /// once and the link threads are not involved at all.
+    fn native_on_owned_links<R: Send + 'static>(
+        &self,
+        op: &'static str,
+        descriptor: Descriptor,
+        run: impl FnOnce(&Group) -> Result<R, ShimError> + Send + 'static,
+        held: Vec<MutexGuard<'_, ()>>,
+    ) -> Result<R> {
+        let outcome = self.run_on_collective_thread(op, move |shared| {
+            match shared.exchange_pauses(descriptor) {
+                Ok(None) => Owned::Ran(run(&shared.group)),
+                Ok(Some((peer, theirs))) => Owned::Mismatch(peer, theirs),
+                Err(reason) => Owned::LinkFailed(reason),
+            }
+        });
+        let result = match outcome {
+            Err(error) => Err(error),
+            Ok(Owned::Ran(ran)) => self.mlx_outcome(op, ran),
+            Ok(Owned::Mismatch(peer, theirs)) => Err(self.mismatch(op, descriptor, peer, theirs)),
+            Ok(Owned::LinkFailed(reason)) => {
+                self.all_links_failed(format!("{op} failed while pausing the links: {reason}"));
+                Err(CollectiveError::Io {
+                    peer: None,
+                    source: std::io::Error::other(reason),
+                })
+            }
+        };
+        lock(&self.state).owned = false;
+        self.changed.notify_all();
+        drop(held);
+        result
+    }
+
+    /// On the collective thread, with every link owned: sends this rank's pause frame for
+    /// `descriptor` on every link, then reads each link up to the peer's pause frame. Returns
+    /// the first peer whose descriptor differs, or why a link failed.
+    fn exchange_pauses(
+        &self,
+        descriptor: Descriptor,
+    ) -> Result<Option<(u32, Option<Descriptor>)>, String> {
+        for (index, link) in self.links.iter().enumerate() {
+            let pause = Header {
+                kind: Kind::Pause,
+                src: self.rank,
+                dst: link.peer,
+                tag: descriptor.0,
+                len: descriptor.1,
+            };
+            if let Err(e) = self.send_frame(link.peer, &pause, &[]) {
+                let reason = format!("MLX send to rank {} failed: {e}", link.peer);
+                self.link_failed(index, reason.clone());
+                return Err(reason);
+            }
+        }
+        let mut mismatch = None;
+        for (index, link) in self.links.iter().enumerate() {
+            let theirs = loop {
+                match receive_one(self, index) {
+                    Ok(Some(theirs)) => break theirs,
+                    Ok(None) => {}
+                    Err(reason) => {
+                        self.link_failed(index, reason.clone());
+                        return Err(reason);
+                    }
+                }
+            };
+            if theirs != descriptor && mismatch.is_none() {
+                mismatch = Some((link.peer, Some(theirs)));
+            }
+        }
+        Ok(mismatch)
     }
 
     /// The sequence number of the next native collective's messages. Numbers 0 and
@@ -860,14 +1006,7 @@ impl Shared {
                 })?;
             let theirs = decode_descriptor(&theirs);
             if theirs != Some(descriptor) {
-                return Err(CollectiveError::invalid(format!(
-                    "native {op} on rank {} ({}) does not match rank {peer}'s next native \
-                     collective ({}); every rank must issue the same native collectives in the \
-                     same order",
-                    self.rank,
-                    describe(Some(descriptor)),
-                    describe(theirs)
-                )));
+                return Err(self.mismatch(op, descriptor, peer, theirs));
             }
         }
         Ok(())
@@ -875,14 +1014,14 @@ impl Shared {
 
     /// Hands `run` to the collective thread and waits for its result, at most the operation
     /// timeout (waking early on abort).
-    fn run_on_collective_thread<R: Send + 'static>(
+    fn run_on_collective_thread<T: Send + 'static>(
         &self,
         op: &'static str,
-        run: impl FnOnce(&Group) -> Result<R, ShimError> + Send + 'static,
-    ) -> Result<Result<R, ShimError>> {
+        run: impl FnOnce(&Shared) -> T + Send + 'static,
+    ) -> Result<T> {
         let (tx, rx) = mpsc::channel();
-        lock(&self.jobs).push_back(Box::new(move |group: &Group| {
-            let _ = tx.send(run(group));
+        lock(&self.jobs).push_back(Box::new(move |shared: &Shared| {
+            let _ = tx.send(run(shared));
         }));
         self.job_queued.notify_one();
         let deadline = Instant::now() + self.op_timeout;
@@ -1323,14 +1462,7 @@ impl MlxTransport {
                 })?;
             let theirs = decode_descriptor(&message);
             if theirs != Some(descriptor) || message.len() != head.len() + wire.len() {
-                return Err(CollectiveError::invalid(format!(
-                    "native all_reduce on rank {} ({}) does not match rank {from}'s \
-                     ({}); every rank must issue the same native collectives in the \
-                     same order",
-                    s.rank,
-                    describe(Some(descriptor)),
-                    describe(theirs)
-                )));
+                return Err(s.mismatch("all_reduce", descriptor, from, theirs));
             }
             match acc.as_mut() {
                 None => acc = Some((message, head.len())),

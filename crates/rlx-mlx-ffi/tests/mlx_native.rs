@@ -246,3 +246,59 @@ fn early_forwarder(t: &MlxTransport) {
 fn native_after_routed_traffic_four_ranks() {
     cluster::ring("native_after_routed_traffic_four_ranks", 4, early_forwarder);
 }
+
+/// Native collectives next to point-to-point traffic: a message sent just before the
+/// collective must be read past (and delivered) by whoever owns the links, and a receive
+/// posted by another thread during the collective (which makes that rank pause through its
+/// link threads while the others take their links directly) must neither swallow collective
+/// bytes nor lose its message.
+fn p2p_around_native(t: &MlxTransport) {
+    let native = t.native_collectives().unwrap();
+    let me = t.rank();
+    let n = t.world_size();
+    let next = (me + 1) % n;
+    let prev = (me + n - 1) % n;
+    let count = 70_001;
+    for round in 0..4u8 {
+        // Sent before the collective, received after it.
+        t.send_bytes(next, 40, &[round; 3]).unwrap();
+        // Rank 0 waits on another thread for a message sent only after the collective.
+        let waiting = (me == 0).then(|| {
+            std::thread::scope(|scope| {
+                let waiter = scope.spawn(|| t.recv_bytes(n - 1, 41));
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                let mut data = encode(&rank_values(me, count, DType::F32), DType::F32);
+                native
+                    .all_reduce(&mut data, DType::F32, ReduceKind::Sum)
+                    .unwrap();
+                assert!(data == reference(n, count, DType::F32, ReduceKind::Sum));
+                waiter.join().unwrap()
+            })
+        });
+        if me != 0 {
+            let mut data = encode(&rank_values(me, count, DType::F32), DType::F32);
+            native
+                .all_reduce(&mut data, DType::F32, ReduceKind::Sum)
+                .unwrap();
+            assert!(data == reference(n, count, DType::F32, ReduceKind::Sum));
+        }
+        if me == n - 1 {
+            t.send_bytes(0, 41, &[round + 100]).unwrap();
+        }
+        assert_eq!(t.recv_bytes(prev, 40).unwrap(), vec![round; 3]);
+        if let Some(got) = waiting {
+            assert_eq!(got.unwrap(), vec![round + 100]);
+        }
+        t.barrier().unwrap();
+    }
+}
+
+#[test]
+fn p2p_around_native_two_ranks() {
+    cluster::ring("p2p_around_native_two_ranks", 2, p2p_around_native);
+}
+
+#[test]
+fn p2p_around_native_three_ranks() {
+    cluster::ring("p2p_around_native_three_ranks", 3, p2p_around_native);
+}
