@@ -20,6 +20,7 @@
 #include <climits>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -137,6 +138,22 @@ void copy_out(const mx::array& a, void* out) {
   }
 }
 
+// Runs `transfer` on `array` and frees the array afterwards, unless the
+// transfer fails: MLX fails a call as soon as one of its connections fails,
+// while its transfers on other connections may still write into or read from
+// the array, so a failed call's array is left allocated (the connection, and
+// with it the transport, is unusable afterwards anyway).
+template <typename F>
+void transfer_keeping_on_failure(std::unique_ptr<mx::array> array,
+                                 F&& transfer) {
+  try {
+    transfer(*array);
+  } catch (...) {
+    array.release();
+    throw;
+  }
+}
+
 // The stream of the calling thread (MLX streams are usable only by the thread
 // that created them).
 mx::Stream thread_stream() {
@@ -238,16 +255,18 @@ int rlxmlx_send(const rlxmlx_group* group, int dst, const void* const* parts,
     for (size_t i = 0; i < nparts; i++) {
       total += lens[i];
     }
-    mx::array a = uninitialized(total, mx::uint8);
-    char* at = a.data<char>();
+    auto a = std::make_unique<mx::array>(uninitialized(total, mx::uint8));
+    char* at = a->data<char>();
     for (size_t i = 0; i < nparts; i++) {
       if (lens[i] > 0) {
         std::memcpy(at, parts[i], lens[i]);
         at += lens[i];
       }
     }
-    t.impl->send(a, dst, t.stream);
-    mx::synchronize(t.stream);
+    transfer_keeping_on_failure(std::move(a), [&](mx::array& array) {
+      t.impl->send(array, dst, t.stream);
+      mx::synchronize(t.stream);
+    });
   });
 }
 
@@ -255,10 +274,12 @@ int rlxmlx_recv(const rlxmlx_group* group, int src, int dtype, void* data,
                 size_t count, char* err, size_t err_len) {
   return guarded(err, err_len, [&] {
     Target t = target(group);
-    mx::array a = uninitialized(count, to_dtype(dtype));
-    t.impl->recv(a, src, t.stream);
-    mx::synchronize(t.stream);
-    copy_out(a, data);
+    auto a = std::make_unique<mx::array>(uninitialized(count, to_dtype(dtype)));
+    transfer_keeping_on_failure(std::move(a), [&](mx::array& array) {
+      t.impl->recv(array, src, t.stream);
+      mx::synchronize(t.stream);
+      copy_out(array, data);
+    });
   });
 }
 

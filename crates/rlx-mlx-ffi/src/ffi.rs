@@ -370,20 +370,25 @@ impl HostArray {
 
     /// Overwrites the contents with `data`, which must be exactly [`HostArray::nbytes`] long.
     pub(crate) fn write_from(&mut self, data: &[u8]) -> Result<(), ShimError> {
-        if data.len() != self.nbytes() {
-            return Err(ShimError {
-                refused: true,
-                message: format!(
-                    "{} bytes do not fill an array of {}",
-                    data.len(),
-                    self.nbytes()
-                ),
-            });
-        }
+        self.check_len(data.len())?;
         // SAFETY: `data` is readable for exactly `nbytes()` bytes (checked above), the handle
         // is live and `&mut self` makes this the only user of the array.
         unsafe { rlxmlx_array_write(self.raw, data.as_ptr().cast()) };
         Ok(())
+    }
+
+    /// Refuses a host buffer of `len` bytes that is not exactly as long as the contents.
+    fn check_len(&self, len: usize) -> Result<(), ShimError> {
+        if len == self.nbytes() {
+            return Ok(());
+        }
+        Err(ShimError {
+            refused: true,
+            message: format!(
+                "a host buffer of {len} bytes for an MLX array of {} bytes",
+                self.nbytes()
+            ),
+        })
     }
 
     /// Size of the contents in bytes.
@@ -394,16 +399,7 @@ impl HostArray {
 
     /// Copies the contents into `out`, which must be exactly [`HostArray::nbytes`] long.
     pub(crate) fn read_into(&self, out: &mut [u8]) -> Result<(), ShimError> {
-        if out.len() != self.nbytes() {
-            return Err(ShimError {
-                refused: true,
-                message: format!(
-                    "result of {} bytes does not fit a buffer of {}",
-                    self.nbytes(),
-                    out.len()
-                ),
-            });
-        }
+        self.check_len(out.len())?;
         // SAFETY: `out` is writable for exactly `nbytes()` bytes (checked above) and the
         // handle is live.
         unsafe { rlxmlx_array_read(self.raw, out.as_mut_ptr().cast()) };

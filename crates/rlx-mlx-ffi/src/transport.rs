@@ -129,6 +129,9 @@ pub(crate) struct State {
     /// Per link: whether its receiver is reading from it (from deciding to post a receive
     /// until the frame is handled, including a park after a pause frame).
     pub(crate) receiving: Vec<bool>,
+    /// Whether an MLX collective outlived its deadline: the collective thread may never come
+    /// back from MLX, so closing does not wait for it.
+    pub(crate) collective_stuck: bool,
     /// Whether the collective thread owns every link (see `Shared::own_idle_links`): the
     /// receivers then post nothing.
     pub(crate) owned: bool,
@@ -502,6 +505,7 @@ impl MlxTransport {
                 pausing: 0,
                 receiving: vec![false; n],
                 owned: false,
+                collective_stuck: false,
                 always_receive: topology == Topology::Ring && world >= 4,
             }),
             changed: Condvar::new(),
@@ -918,6 +922,17 @@ impl Shared {
         result
     }
 
+    /// The header of this rank's pause frame to `peer` for native collective `descriptor`.
+    fn pause_frame(&self, peer: u32, descriptor: Descriptor) -> Header {
+        Header {
+            kind: Kind::Pause,
+            src: self.rank,
+            dst: peer,
+            tag: descriptor.0,
+            len: descriptor.1,
+        }
+    }
+
     /// On the collective thread, with every link owned: sends this rank's pause frame for
     /// `descriptor` on every link, then reads each link up to the peer's pause frame. Returns
     /// the first peer whose descriptor differs, or why a link failed.
@@ -926,13 +941,7 @@ impl Shared {
         descriptor: Descriptor,
     ) -> Result<Option<(u32, Option<Descriptor>)>, String> {
         for (index, link) in self.links.iter().enumerate() {
-            let pause = Header {
-                kind: Kind::Pause,
-                src: self.rank,
-                dst: link.peer,
-                tag: descriptor.0,
-                len: descriptor.1,
-            };
+            let pause = self.pause_frame(link.peer, descriptor);
             if let Err(e) = self.send_frame(link.peer, &pause, &[]) {
                 let reason = format!("MLX send to rank {} failed: {e}", link.peer);
                 self.link_failed(index, reason.clone());
@@ -1028,6 +1037,7 @@ impl Shared {
         loop {
             let now = Instant::now();
             if now >= deadline {
+                lock(&self.state).collective_stuck = true;
                 self.all_links_failed(format!(
                     "MLX {op} did not finish within {:?}",
                     self.op_timeout
@@ -1096,11 +1106,17 @@ impl Shared {
         loop {
             // A thread of a dead link may sit in an MLX call that never returns (MLX stops
             // a failed socket's worker), so a dead link counts as finished.
-            let dead: Vec<bool> = lock(&self.state).dead.iter().map(Option::is_some).collect();
+            let (dead, stuck) = {
+                let state = lock(&self.state);
+                let dead: Vec<bool> = state.dead.iter().map(Option::is_some).collect();
+                (dead, state.collective_stuck)
+            };
             let senders = done.senders.iter().zip(&dead).all(|(&d, &x)| d || x);
             let receivers = done.receivers.iter().zip(&dead).all(|(&d, &x)| d || x);
+            // Likewise the collective thread once a collective outlived its deadline.
+            let collective = done.collective || stuck;
             let now = Instant::now();
-            if (senders && receivers && done.collective) || now >= deadline {
+            if (senders && receivers && collective) || now >= deadline {
                 return;
             }
             done = wait_timeout(&self.exits.changed, done, (deadline - now).min(ABORT_POLL));
@@ -1117,13 +1133,7 @@ impl Shared {
         held: &mut Vec<MutexGuard<'a, ()>>,
     ) -> Result<Option<(u32, Option<Descriptor>)>> {
         for (index, link) in self.links.iter().enumerate() {
-            let pause = Header {
-                kind: Kind::Pause,
-                src: self.rank,
-                dst: link.peer,
-                tag: descriptor.0,
-                len: descriptor.1,
-            };
+            let pause = self.pause_frame(link.peer, descriptor);
             // An idle link gets its pause from this thread, which then holds the link's send
             // lock until the collective ends (saving the sender thread's wake-up); a busy one
             // gets it behind its queued frames from the sender thread, which then waits.
@@ -1358,6 +1368,17 @@ impl Transport for MlxTransport {
     }
 }
 
+/// The error of an MLX collective over `arrays`, which are leaked unless MLX refused the call
+/// before starting: a failed collective returns as soon as one connection fails, while MLX's
+/// transfers on its other connections may still write into the arrays, so their memory must
+/// never be reused. Only a transport that is unusable afterwards leaks them.
+fn abandon_on_failure<T>(error: ShimError, arrays: T) -> ShimError {
+    if !error.refused {
+        std::mem::forget(arrays);
+    }
+    error
+}
+
 /// Checks that a gather's output (a reduce-scatter's input) of `whole` bytes holds exactly one
 /// `block` of bytes per rank of a world of `world` ranks.
 fn check_world_blocks(block: usize, whole: usize, world: u32) -> Result<()> {
@@ -1527,8 +1548,10 @@ impl NativeCollectives for MlxTransport {
             let Some(mut array) = array else {
                 return Ok(None);
             };
-            g.all_reduce(op, &mut array)?;
-            Ok(Some(array))
+            match g.all_reduce(op, &mut array) {
+                Ok(()) => Ok(Some(array)),
+                Err(e) => Err(abandon_on_failure(e, array)),
+            }
         })?;
         let Some(reduced) = reduced else {
             return Ok(());
@@ -1568,8 +1591,10 @@ impl NativeCollectives for MlxTransport {
             let Some((local, mut gathered)) = arrays else {
                 return Ok(None);
             };
-            g.all_gather(&local, &mut gathered)?;
-            Ok(Some((local, gathered)))
+            match g.all_gather(&local, &mut gathered) {
+                Ok(()) => Ok(Some((local, gathered))),
+                Err(e) => Err(abandon_on_failure(e, (local, gathered))),
+            }
         })?;
         if let Some((local, gathered)) = gathered {
             gathered.read_into(out).map_err(failed)?;
@@ -1619,8 +1644,10 @@ impl NativeCollectives for MlxTransport {
             let Some((input, mut block)) = arrays else {
                 return Ok(None);
             };
-            g.sum_scatter(&input, &mut block)?;
-            Ok(Some((input, block)))
+            match g.sum_scatter(&input, &mut block) {
+                Ok(()) => Ok(Some((input, block))),
+                Err(e) => Err(abandon_on_failure(e, (input, block))),
+            }
         })?;
         let Some((input, block)) = block else {
             return Ok(());

@@ -9,7 +9,7 @@ mod cluster;
 
 use half::{bf16, f16};
 use rlx_mlx_ffi::MlxTransport;
-use rlx_transport::{CollectiveError, DType, NativeOp, ReduceKind, Transport};
+use rlx_transport::{CollectiveError, DType, NativeCollectives, NativeOp, ReduceKind, Transport};
 
 const COUNTS: [usize; 5] = [0, 1, 3, 1000, 70_001];
 
@@ -88,6 +88,26 @@ fn reference(world: u32, count: usize, dtype: DType, reduce: ReduceKind) -> Vec<
         })
         .collect();
     encode(&narrowed, dtype)
+}
+
+/// Runs a native `reduce` over `count` elements of `dtype` from rank `me` of `n` and checks the
+/// result against the serial reference.
+fn reduce_and_check(
+    native: &dyn NativeCollectives,
+    me: u32,
+    n: u32,
+    count: usize,
+    dtype: DType,
+    reduce: ReduceKind,
+) {
+    let mut data = encode(&rank_values(me, count, dtype), dtype);
+    native
+        .all_reduce(&mut data, dtype, reduce)
+        .unwrap_or_else(|e| panic!("{reduce} of {count} {dtype}: {e}"));
+    assert!(
+        data == reference(n, count, dtype, reduce),
+        "{reduce} of {count} {dtype} differs from the serial reference"
+    );
 }
 
 fn matrix(t: &MlxTransport) {
@@ -183,12 +203,7 @@ fn four_ranks(t: &MlxTransport) {
         for count in [0, 1, 5, 70_001] {
             let far = (me + 2) % n;
             t.send_bytes(far, 21, &[me as u8; 300]).unwrap();
-            let mut data = encode(&rank_values(me, count, dtype), dtype);
-            native.all_reduce(&mut data, dtype, reduce).unwrap();
-            assert!(
-                data == reference(n, count, dtype, reduce),
-                "{reduce} of {count} {dtype}"
-            );
+            reduce_and_check(native, me, n, count, dtype, reduce);
             assert_eq!(t.recv_bytes(far, 21).unwrap(), vec![far as u8; 300]);
         }
     }
@@ -267,20 +282,12 @@ fn p2p_around_native(t: &MlxTransport) {
             std::thread::scope(|scope| {
                 let waiter = scope.spawn(|| t.recv_bytes(n - 1, 41));
                 std::thread::sleep(std::time::Duration::from_millis(50));
-                let mut data = encode(&rank_values(me, count, DType::F32), DType::F32);
-                native
-                    .all_reduce(&mut data, DType::F32, ReduceKind::Sum)
-                    .unwrap();
-                assert!(data == reference(n, count, DType::F32, ReduceKind::Sum));
+                reduce_and_check(native, me, n, count, DType::F32, ReduceKind::Sum);
                 waiter.join().unwrap()
             })
         });
         if me != 0 {
-            let mut data = encode(&rank_values(me, count, DType::F32), DType::F32);
-            native
-                .all_reduce(&mut data, DType::F32, ReduceKind::Sum)
-                .unwrap();
-            assert!(data == reference(n, count, DType::F32, ReduceKind::Sum));
+            reduce_and_check(native, me, n, count, DType::F32, ReduceKind::Sum);
         }
         if me == n - 1 {
             t.send_bytes(0, 41, &[round + 100]).unwrap();
