@@ -6,6 +6,7 @@
 //! bookkeeping, and the queue and scratch region of the one-sided all-reduce.
 
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -16,7 +17,7 @@ use crate::all_reduce::one_sided::{self, OneSided};
 use crate::federated::{self, StaleRounds};
 use crate::handle::{AllReduceHandle, CollectiveHandle};
 use crate::issue_order::IssueOrder;
-use crate::op::{OpCtx, OpId};
+use crate::op::{FailureScope, Health, OpCtx, OpId, Watch};
 use crate::select::{Algorithm, CollectiveOp, Settings};
 use crate::split::{self, Record};
 use crate::{CollectiveError, DType, ReduceKind, Result, Tag, Transport};
@@ -33,6 +34,18 @@ pub const WORLD_GROUP_ID: u16 = 1;
 ///
 /// Buffers of the `*_typed` operations are raw little-endian elements of a [`DType`] (any
 /// alignment); the `f32` operations are thin wrappers over them.
+///
+/// # Failures
+///
+/// A fatal failure ([`CollectiveError::is_fatal`]: a lost peer, a timeout, an abort, bad
+/// bytes) in any operation of the group on any rank makes the group unusable on every rank,
+/// as an aborted NCCL communicator is: that rank tells every member, and every member's
+/// current operation (whichever it is, point-to-point calls included) and every later one
+/// fails promptly — within milliseconds on a local network, not at the operation timeout —
+/// with [`CollectiveError::GroupFailed`] naming the rank at fault, unless it saw the failure
+/// itself (then with the error it saw). Other errors (a different length, an invalid argument)
+/// leave the group usable. [`ProcessGroup::federated_average`] is the exception: it is built
+/// to go on without lost members, so its failures stay in the round.
 ///
 /// # Examples
 ///
@@ -76,6 +89,8 @@ struct Shared {
     one_sided: OneSided,
     /// Present when native collectives may run on this group (see [`IssueOrder`]).
     issue_order: Option<IssueOrder>,
+    /// Whether a fatal failure has made the group unusable (see the `op` module).
+    health: Health,
 }
 
 impl fmt::Debug for ProcessGroup {
@@ -116,7 +131,9 @@ fn gathered_len(len: usize, world: u32) -> Result<usize> {
 
 impl ProcessGroup {
     /// The world group over `transport`: group rank = world rank. Create it once per transport
-    /// and clone it; two world groups on one transport would share operation identities.
+    /// and clone it; two world groups on one transport would share operation identities (and
+    /// the failure notices of a world group that failed, so after a fatal failure build the
+    /// new group on a new transport).
     ///
     /// # Examples
     ///
@@ -161,6 +178,7 @@ impl ProcessGroup {
                 one_sided: OneSided::default(),
                 issue_order: (group_id == WORLD_GROUP_ID && transport_has_native)
                     .then(IssueOrder::default),
+                health: Health::default(),
             }),
         }
     }
@@ -280,6 +298,7 @@ impl ProcessGroup {
             is_world: shared.group_id == WORLD_GROUP_ID,
             name,
             settings: *shared.settings.lock(),
+            scope: FailureScope::Group,
         };
         shared.one_sided.on_issue(&id);
         if let Some(order) = &shared.issue_order {
@@ -288,15 +307,46 @@ impl ProcessGroup {
         id
     }
 
-    /// Runs an issued operation; on failure tells the other members before returning.
+    /// Runs an issued operation; on failure tells the other members before returning. On a
+    /// group that has failed it fails at once, telling nobody: the members were told when the
+    /// group failed, and telling them again for every later operation would only pile notices
+    /// up in their inboxes.
+    ///
+    /// A panic inside the operation (a bug) is announced as a fatal failure of this rank
+    /// before it continues to unwind, so that the other members do not wait for the
+    /// operation's messages until their timeout.
     fn execute<T>(&self, id: OpId, body: impl FnOnce(&OpCtx<'_>) -> Result<T>) -> Result<T> {
         let shared = &self.shared;
-        let ctx = OpCtx::new(shared.transport.as_ref(), &shared.members, id);
+        let ctx = OpCtx::new(
+            shared.transport.as_ref(),
+            &shared.members,
+            &shared.health,
+            id,
+        );
+        // Until the body runs, nothing of it releases the operation's place in the one-sided
+        // queue, so an operation that ends early releases it here.
         let _turn = match &shared.issue_order {
-            Some(order) => Some(order.wait_turn(id.seq, id.name, ctx.timeout())?),
+            Some(order) => match order.wait_turn(id.seq, id.name, ctx.timeout()) {
+                Ok(turn) => Some(turn),
+                Err(error) => {
+                    shared.one_sided.release(id.seq);
+                    ctx.notify_failure(&error);
+                    return Err(error);
+                }
+            },
             None => None,
         };
-        body(&ctx).inspect_err(|error| ctx.notify_failure(error))
+        if let Err(error) = ctx.check_group() {
+            shared.one_sided.release(id.seq);
+            return Err(error);
+        }
+        match std::panic::catch_unwind(AssertUnwindSafe(|| body(&ctx))) {
+            Ok(result) => result.inspect_err(|error| ctx.notify_failure(error)),
+            Err(panic) => {
+                ctx.notify_failure(&CollectiveError::Aborted);
+                std::panic::resume_unwind(panic)
+            }
+        }
     }
 
     fn run<T>(&self, name: &'static str, body: impl FnOnce(&OpCtx<'_>) -> Result<T>) -> Result<T> {
@@ -321,10 +371,30 @@ impl ProcessGroup {
             if let Some(order) = &shared.issue_order {
                 order.release(id.seq);
             }
-            OpCtx::new(shared.transport.as_ref(), &shared.members, id)
-                .notify_failure(&CollectiveError::Aborted);
+            // An operation that never runs leaves its peers' matching broken for good: that
+            // is a fatal failure of the group, announced as one.
+            OpCtx::new(
+                shared.transport.as_ref(),
+                &shared.members,
+                &shared.health,
+                id,
+            )
+            .notify_failure(&CollectiveError::Aborted);
         }
         CollectiveHandle::new(spawned, name, self.shared.rank)
+    }
+
+    /// The failure watch of this group's point-to-point calls.
+    fn watch(&self) -> Watch<'_> {
+        let shared = &self.shared;
+        Watch::new(
+            shared.transport.as_ref(),
+            &shared.members,
+            shared.rank,
+            shared.group_id,
+            &shared.health,
+            FailureScope::Group,
+        )
     }
 
     fn world_peer(&self, rank: u32) -> Result<u32> {
@@ -355,9 +425,13 @@ impl ProcessGroup {
     pub fn send_typed(&self, to: u32, tag: u32, data: &[u8], dtype: DType) -> Result<()> {
         crate::check_dtype_len(data.len(), dtype)?;
         let tag = Tag::user(tag)?;
+        let peer = self.world_peer(to)?;
+        let watch = self.watch();
+        watch.check()?;
         self.shared
             .transport
-            .send_message(self.world_peer(to)?, tag, &[data])
+            .send_message(peer, tag, &[data])
+            .inspect_err(|error| watch.on_failure(error))
     }
 
     /// Receives the next message from group rank `from` under the user tag `tag` as `dtype`
@@ -366,15 +440,19 @@ impl ProcessGroup {
         let tag = Tag::user(tag)?;
         let peer = self.world_peer(from)?;
         let after = self.shared.transport.op_timeout();
-        let bytes = self
-            .shared
-            .transport
-            .recv_message(peer, tag, after)?
-            .ok_or(CollectiveError::Timeout {
-                peer: Some(peer),
-                op: "recv",
-                after,
-            })?;
+        let watch = self.watch();
+        let bytes = watch
+            .wait(after, crate::op::NOTICE_SLICE, |deadline| {
+                self.shared.transport.recv_message(peer, tag, deadline)
+            })
+            .and_then(|got| {
+                got.ok_or(CollectiveError::Timeout {
+                    peer: Some(peer),
+                    op: "recv",
+                    after,
+                })
+            })
+            .inspect_err(|error| watch.on_failure(error))?;
         if bytes.len() % dtype.size() != 0 {
             return Err(CollectiveError::protocol(
                 Some(peer),
@@ -675,9 +753,17 @@ impl ProcessGroup {
     /// A contribution that misses the deadline is discarded: each round has its own identity,
     /// so it can never be counted in a later round. A rank that was late receives the average
     /// of the round it was late for and stays in step.
+    ///
+    /// A failure in a round, even a lost member, fails only that round on the ranks it
+    /// touches, never the group (see [the type docs](ProcessGroup#failures)); a round on a
+    /// group that already failed fails at once.
     pub fn federated_average(&self, data: &mut [f32], deadline: Duration) -> Result<usize> {
         let shared = &self.shared;
-        self.run("federated_average", |ctx| {
+        let id = OpId {
+            scope: FailureScope::Operation,
+            ..self.issue("federated_average")
+        };
+        self.execute(id, |ctx| {
             if ctx.size() == 1 {
                 return Ok(1);
             }

@@ -26,7 +26,11 @@
 //! that depend on it fail with [`CollectiveError::LengthMismatch`] (all of them for
 //! all-reduce and all-gather, whose every result depends on every rank), not hang.
 //! Length, argument and rank errors leave the group usable for the next operation; lost
-//! peers, timeouts and aborts do not (see [`CollectiveError::is_fatal`]).
+//! peers, timeouts and aborts do not (see [`CollectiveError::is_fatal`]): such a fatal failure
+//! on one rank makes the whole group fail on every rank, in whatever operation each is, with
+//! [`CollectiveError::GroupFailed`] naming the rank at fault, within milliseconds rather than at
+//! the timeout (except [`ProcessGroup::federated_average`], whose rounds go on without lost
+//! members).
 //!
 //! # Transport assumption
 //!
@@ -88,7 +92,8 @@ pub use group::{ProcessGroup, WORLD_GROUP_ID};
 pub use handle::{AllReduceHandle, CollectiveHandle};
 pub use init::{BACKEND_VAR, compiled_backends, init};
 pub use rlx_transport::{
-    CollectiveError, DEFAULT_OP_TIMEOUT, DType, FAILURE_WIRE_LEN, Failure, Inbox, MemTransport,
+    CollectiveError, DEFAULT_OP_TIMEOUT, DType, FAILURE_WIRE_LEN, Failure, FatalCause, Inbox,
+    MemTransport,
     NativeCollectives, NativeOp, ReduceKind, Result, TAG_RESERVED_BASE, TRANSPORT_GROUP, Tag,
     Transport, negotiate_reduce_dtype,
 };

@@ -1,16 +1,275 @@
 //! One issued collective operation: its tag, its members and the checked send/receive
-//! primitives every algorithm is written with.
+//! primitives every algorithm is written with, and the failure handling of a group.
 //!
 //! Ranks here are group ranks; [`OpCtx`] maps them to the transport's world ranks. Every
 //! receive is exact (a message of another length is a [`CollectiveError::LengthMismatch`]) and
-//! bounded by the transport's operation timeout. When an algorithm fails,
-//! [`OpCtx::notify_failure`] tells every other member under the operation's tag, so that their
-//! next receive of this operation fails at once instead of waiting out the timeout.
+//! bounded by the transport's operation timeout.
+//!
+//! Failures travel in two ways:
+//! - When an algorithm fails, [`OpCtx::notify_failure`] tells every other member under the
+//!   operation's tag, so that their next receive of this operation fails at once instead of
+//!   waiting out the timeout.
+//! - When the failure is fatal ([`CollectiveError::is_fatal`]: a lost peer, a timeout, an
+//!   abort, bad bytes), the group can no longer be trusted. The rank marks its group failed
+//!   ([`Health`]) and sends one group-wide notice ([`Failure::GroupFailed`]) to every member,
+//!   under the group's reserved phase [`GROUP_NOTICE_PHASE`]. Members may be in any operation
+//!   by then (a rank that finished operation k waits in k+1 for a rank still stuck in k), so
+//!   every wait of a group ([`Watch::wait`]) waits in short slices and, between them, looks for
+//!   those notices from every member. A rank that learns of the failure marks its own group
+//!   failed and forwards the notice once, so the news reaches every member even when the rank
+//!   that saw the failure first could not tell them all. From then on every operation of the
+//!   group fails at once with [`CollectiveError::GroupFailed`] naming the culprit, like an
+//!   aborted NCCL communicator.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use crate::select::Settings;
 use crate::{CollectiveError, Failure, NativeCollectives, Result, Tag, Transport};
+
+/// The phase of every collective group's tag space that carries the group's failure notices
+/// (sequence number 0). Operations use the phases below it.
+pub(crate) const GROUP_NOTICE_PHASE: u16 = u16::MAX;
+
+/// How long a wait of a group lasts at least before it looks for group-wide failure notices.
+/// Short enough that a failure anywhere in the group reaches a waiting rank well within a
+/// second; long enough that waiting costs nothing measurable (one poll per member per slice).
+pub(crate) const NOTICE_SLICE: Duration = Duration::from_millis(10);
+
+/// How much longer a slice lasts per byte of the awaited message: one nanosecond, the time a
+/// byte takes to land at 1 GB/s. A socket transport whose deadline falls while a message is
+/// landing in the caller's buffer must move the landed bytes into a copy of its own; slices
+/// as long as a slow link needs for the whole message make that rare for large messages.
+const SLICE_PER_BYTE: Duration = Duration::from_nanos(1);
+
+/// The tag of `group`'s failure notices.
+pub(crate) const fn notice_tag(group: u16) -> Tag {
+    Tag::op(group, 0, GROUP_NOTICE_PHASE)
+}
+
+/// How far the failures of an operation reach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FailureScope {
+    /// A fatal failure makes the whole group unusable (every collective and point-to-point
+    /// call).
+    Group,
+    /// Failures stay in the operation and it does not watch for group-wide notices: federated
+    /// averaging, whose rounds are built to go on without lost or late members.
+    Operation,
+}
+
+/// Whether a group is still usable on this rank. It is set once, by the first fatal failure
+/// this rank sees in the group or hears of from a member, and every operation consults it.
+#[derive(Debug, Default)]
+pub(crate) struct Health {
+    /// Set after `record` is; the hot path reads only this.
+    failed: AtomicBool,
+    /// The group-wide notice that failed the group, and the world rank that reported it.
+    record: Mutex<Option<(Failure, u32)>>,
+    /// Whether this rank has sent its own group-wide notice.
+    announced: AtomicBool,
+}
+
+impl Health {
+    /// Fails with [`CollectiveError::GroupFailed`] once the group has failed.
+    pub(crate) fn check(&self) -> Result<()> {
+        if !self.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        match *self.record.lock() {
+            Some((notice, reporter)) => Err(notice.into_error(reporter)),
+            None => Ok(()),
+        }
+    }
+
+    /// Marks the group failed by `notice` from `reporter`, unless it already is (the first
+    /// failure is the one every later operation reports).
+    fn record(&self, notice: Failure, reporter: u32) {
+        let mut record = self.record.lock();
+        if record.is_none() {
+            *record = Some((notice, reporter));
+        }
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// True exactly once: for the caller that is to send this rank's group-wide notice.
+    fn take_announcement(&self) -> bool {
+        !self.announced.swap(true, Ordering::AcqRel)
+    }
+}
+
+/// What a wait of one group needs to notice the group's failures: the transport, the
+/// members, this rank, the group's health and how far failures reach.
+#[derive(Clone, Copy)]
+pub(crate) struct Watch<'a> {
+    transport: &'a dyn Transport,
+    members: &'a [u32],
+    /// This rank's index in the group.
+    rank: u32,
+    group: u16,
+    health: &'a Health,
+    scope: FailureScope,
+}
+
+impl<'a> Watch<'a> {
+    /// The watch of group `group` (members `members`, this rank at index `rank`).
+    pub(crate) fn new(
+        transport: &'a dyn Transport,
+        members: &'a [u32],
+        rank: u32,
+        group: u16,
+        health: &'a Health,
+        scope: FailureScope,
+    ) -> Self {
+        Watch {
+            transport,
+            members,
+            rank,
+            group,
+            health,
+            scope,
+        }
+    }
+
+    /// Fails once the group has failed (see [`Health::check`]).
+    pub(crate) fn check(&self) -> Result<()> {
+        self.health.check()
+    }
+
+    /// Runs `attempt` (a receive with the deadline it is given) until it returns something or
+    /// `total` has passed (`Ok(None)`). For group-scoped operations it calls `attempt` with
+    /// slices of at least `slice` and looks for group-wide failure notices in between, so that
+    /// it fails within about a slice of a fatal failure anywhere in the group.
+    pub(crate) fn wait<T>(
+        &self,
+        total: Duration,
+        slice: Duration,
+        mut attempt: impl FnMut(Duration) -> Result<Option<T>>,
+    ) -> Result<Option<T>> {
+        self.check()?;
+        if self.scope == FailureScope::Operation {
+            return attempt(total);
+        }
+        let start = Instant::now();
+        loop {
+            let left = total.saturating_sub(start.elapsed());
+            if let Some(value) = attempt(left.min(slice))? {
+                return Ok(Some(value));
+            }
+            self.poll_notices()?;
+            if start.elapsed() >= total {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Looks, without waiting, for a group-wide notice from every other member; fails with
+    /// the first one found, or when another thread of this rank found one.
+    fn poll_notices(&self) -> Result<()> {
+        for (index, &peer) in self.members.iter().enumerate() {
+            if index as u32 != self.rank {
+                self.poll_notice_of(peer)?;
+            }
+        }
+        self.check()
+    }
+
+    /// Looks, without waiting, for a group-wide notice from world rank `peer`. A notice fails
+    /// the group here and is returned as the error.
+    fn poll_notice_of(&self, peer: u32) -> Result<()> {
+        if self.scope == FailureScope::Operation {
+            return Ok(());
+        }
+        match self
+            .transport
+            .recv_message(peer, notice_tag(self.group), Duration::ZERO)
+        {
+            Ok(None) => Ok(()),
+            Err(CollectiveError::GroupFailed {
+                peer: culprit,
+                cause,
+                reporter,
+            }) => {
+                self.health
+                    .record(Failure::GroupFailed { culprit, cause }, reporter);
+                Err(CollectiveError::GroupFailed {
+                    peer: culprit,
+                    cause,
+                    reporter,
+                })
+            }
+            Ok(Some(message)) => Err(CollectiveError::protocol(
+                Some(peer),
+                format!(
+                    "message of {} bytes under the failure-notice phase of group {}",
+                    message.len(),
+                    self.group
+                ),
+            )),
+            Err(error) if !error.is_fatal() => Err(CollectiveError::protocol(
+                Some(peer),
+                format!(
+                    "unexpected notice under the failure-notice phase of group {}: {error}",
+                    self.group
+                ),
+            )),
+            // A member that is gone (its queued notices were drained first) or a transport that
+            // stopped is no reason to fail here: the member may have finished and left, and a
+            // wait that needs it reports it itself.
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// The group-wide notice a fatal `error` calls for, with the world rank to report as its
+    /// source, or `None` when `error` is not fatal.
+    fn group_notice(&self, error: &CollectiveError) -> Option<(Failure, u32)> {
+        let me = self.transport.rank();
+        let cause = error.fatal_cause()?;
+        let (culprit, reporter) = match *error {
+            CollectiveError::GroupFailed { peer, reporter, .. } => (peer, reporter),
+            CollectiveError::PeerLost { peer, .. }
+            | CollectiveError::Timeout {
+                peer: Some(peer), ..
+            }
+            | CollectiveError::Protocol {
+                peer: Some(peer), ..
+            }
+            | CollectiveError::Io {
+                peer: Some(peer), ..
+            } => (peer, me),
+            // No peer to blame: this rank's own transport failed (aborted, or a wait for no
+            // particular peer timed out).
+            _ => (me, me),
+        };
+        Some((Failure::GroupFailed { culprit, cause }, reporter))
+    }
+
+    /// For a fatal `error` of a group-scoped operation: marks the group failed and, the first
+    /// time, tells every other member with a group-wide notice (best effort: a member that
+    /// cannot be told is already failing on its own). Does nothing for other errors.
+    pub(crate) fn on_failure(&self, error: &CollectiveError) {
+        if self.scope == FailureScope::Operation {
+            return;
+        }
+        let Some((notice, reporter)) = self.group_notice(error) else {
+            return;
+        };
+        self.health.record(notice, reporter);
+        if !self.health.take_announcement() {
+            return;
+        }
+        let tag = notice_tag(self.group);
+        for (index, &peer) in self.members.iter().enumerate() {
+            if index as u32 != self.rank {
+                // Ignoring the result is the point of best effort: a peer we cannot reach
+                // learns about the failure from its own broken link or from another member.
+                let _ = self.transport.send_failure(peer, tag, notice);
+            }
+        }
+    }
+}
 
 /// The context of one collective operation on one rank.
 pub(crate) struct OpCtx<'a> {
@@ -28,9 +287,10 @@ pub(crate) struct OpCtx<'a> {
     pub(crate) name: &'static str,
     /// The group's settings as of the issue point.
     pub(crate) settings: Settings,
+    watch: Watch<'a>,
 }
 
-/// What [`OpCtx::new`] needs besides the transport and the members.
+/// What [`OpCtx::new`] needs besides the transport, the members and the group's health.
 #[derive(Clone, Copy)]
 pub(crate) struct OpId {
     pub(crate) group: u16,
@@ -39,10 +299,16 @@ pub(crate) struct OpId {
     pub(crate) is_world: bool,
     pub(crate) name: &'static str,
     pub(crate) settings: Settings,
+    pub(crate) scope: FailureScope,
 }
 
 impl<'a> OpCtx<'a> {
-    pub(crate) fn new(transport: &'a dyn Transport, members: &'a [u32], id: OpId) -> Self {
+    pub(crate) fn new(
+        transport: &'a dyn Transport,
+        members: &'a [u32],
+        health: &'a Health,
+        id: OpId,
+    ) -> Self {
         OpCtx {
             transport,
             members,
@@ -54,12 +320,17 @@ impl<'a> OpCtx<'a> {
             timeout: transport.op_timeout(),
             name: id.name,
             settings: id.settings,
+            watch: Watch::new(transport, members, id.rank, id.group, health, id.scope),
         }
     }
 
     /// The same operation on another phase (a second channel, e.g. the result of a federated
     /// round, which must not be confused with contributions).
     pub(crate) fn phase(&self, phase: u16) -> OpCtx<'a> {
+        debug_assert_ne!(
+            phase, GROUP_NOTICE_PHASE,
+            "that phase carries failure notices"
+        );
         OpCtx {
             tag: Tag::op(self.group, self.seq, phase),
             settings: self.settings,
@@ -80,6 +351,11 @@ impl<'a> OpCtx<'a> {
     /// The transport's operation timeout.
     pub(crate) fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// Fails once the group has failed; called before an operation starts.
+    pub(crate) fn check_group(&self) -> Result<()> {
+        self.watch.check()
     }
 
     /// Native collectives, when the transport has them and this group is the world.
@@ -109,27 +385,32 @@ impl<'a> OpCtx<'a> {
 
     /// Sends `bytes` to group rank `to` under this operation's tag.
     pub(crate) fn send(&self, to: u32, bytes: &[u8]) -> Result<()> {
-        self.transport
-            .send_message(self.world_rank(to)?, self.tag, &[bytes])
+        self.send_parts(to, &[bytes])
     }
 
     /// Sends the concatenation of `parts` to group rank `to`.
     pub(crate) fn send_parts(&self, to: u32, parts: &[&[u8]]) -> Result<()> {
-        self.transport
-            .send_message(self.world_rank(to)?, self.tag, parts)
+        let peer = self.world_rank(to)?;
+        self.watch.check()?;
+        self.transport.send_message(peer, self.tag, parts)
     }
 
     /// Receives the next message of this operation from group rank `from` into `buf`, which it
     /// must fill exactly.
     pub(crate) fn recv_into(&self, from: u32, buf: &mut [u8]) -> Result<()> {
         let peer = self.world_rank(from)?;
-        match self
-            .transport
-            .recv_message_into(peer, self.tag, buf, self.timeout)?
-        {
-            Some(got) if got == buf.len() => Ok(()),
+        let expected = buf.len();
+        let slice = NOTICE_SLICE.saturating_add(
+            SLICE_PER_BYTE.saturating_mul(u32::try_from(expected).unwrap_or(u32::MAX)),
+        );
+        let got = self.watch.wait(self.timeout, slice, |deadline| {
+            self.transport
+                .recv_message_into(peer, self.tag, buf, deadline)
+        })?;
+        match got {
+            Some(got) if got == expected => Ok(()),
             Some(got) => Err(CollectiveError::LengthMismatch {
-                expected: buf.len() as u64,
+                expected: expected as u64,
                 got: got as u64,
             }),
             None => Err(self.timed_out(peer, self.timeout)),
@@ -137,10 +418,19 @@ impl<'a> OpCtx<'a> {
     }
 
     /// Receives the next message of this operation from group rank `from`, whatever its
-    /// length, or `Ok(None)` after `timeout`.
+    /// length, or `Ok(None)` after `timeout`. A zero `timeout` polls: it also looks for a
+    /// group-wide notice from `from`, so that a loop polling every member in turn notices a
+    /// failure of the group.
     pub(crate) fn recv_within(&self, from: u32, timeout: Duration) -> Result<Option<Vec<u8>>> {
         let peer = self.world_rank(from)?;
-        self.transport.recv_message(peer, self.tag, timeout)
+        if timeout.is_zero() {
+            self.watch.check()?;
+            self.watch.poll_notice_of(peer)?;
+            return self.transport.recv_message(peer, self.tag, Duration::ZERO);
+        }
+        self.watch.wait(timeout, NOTICE_SLICE, |deadline| {
+            self.transport.recv_message(peer, self.tag, deadline)
+        })
     }
 
     /// The timeout error for waiting on world rank `peer`.
@@ -153,13 +443,19 @@ impl<'a> OpCtx<'a> {
     }
 
     /// Tells every other member that this rank's part failed with `error` (best effort: a
-    /// member that cannot be told is already failing on its own).
+    /// member that cannot be told is already failing on its own), and, when `error` is fatal,
+    /// fails the group (see the module docs).
     pub(crate) fn notify_failure(&self, error: &CollectiveError) {
-        let failure = match *error {
-            CollectiveError::LengthMismatch { expected, got } => {
+        let group_notice = match self.watch.scope {
+            FailureScope::Group => self.watch.group_notice(error),
+            FailureScope::Operation => None,
+        };
+        let failure = match (error, group_notice) {
+            (&CollectiveError::LengthMismatch { expected, got }, _) => {
                 Failure::LengthMismatch { expected, got }
             }
-            _ => Failure::Failed,
+            (_, Some((notice, _))) => notice,
+            (_, None) => Failure::Failed,
         };
         for (index, &peer) in self.members.iter().enumerate() {
             if index as u32 != self.rank {
@@ -168,5 +464,137 @@ impl<'a> OpCtx<'a> {
                 let _ = self.transport.send_failure(peer, self.tag, failure);
             }
         }
+        self.watch.on_failure(error);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemTransport;
+
+    /// A group-wide notice blaming a lost `culprit`. The cause comes from the error it stands
+    /// for, which is how the collectives produce it too.
+    fn notice(culprit: u32) -> Failure {
+        let cause = CollectiveError::PeerLost {
+            peer: culprit,
+            reason: "gone".to_owned(),
+        }
+        .fatal_cause();
+        Failure::GroupFailed {
+            culprit,
+            cause: cause.expect("a lost peer is fatal"),
+        }
+    }
+
+    #[test]
+    fn a_notice_fails_the_group_and_is_forwarded_once() {
+        let world = MemTransport::fan_out(3);
+        let members = [0, 1, 2];
+        let health = Health::default();
+        let watch = Watch::new(
+            world[1].as_ref(),
+            &members,
+            1,
+            7,
+            &health,
+            FailureScope::Group,
+        );
+        world[0]
+            .send_failure(1, notice_tag(7), notice(2))
+            .expect("rank 1 is there");
+        let err = watch
+            .wait(Duration::from_secs(60), NOTICE_SLICE, |deadline| {
+                world[1].recv_message(2, Tag::op(7, 3, 0), deadline)
+            })
+            .expect_err("the notice fails the wait");
+        assert!(
+            matches!(
+                err,
+                CollectiveError::GroupFailed {
+                    peer: 2,
+                    reporter: 0,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // Every later call fails the same way, without waiting.
+        assert!(matches!(
+            watch.check(),
+            Err(CollectiveError::GroupFailed { peer: 2, .. })
+        ));
+        watch.on_failure(&err);
+        watch.on_failure(&err);
+        let forwarded = world[2].recv_message(1, notice_tag(7), Duration::ZERO);
+        assert!(
+            matches!(
+                forwarded,
+                Err(CollectiveError::GroupFailed {
+                    peer: 2,
+                    reporter: 1,
+                    ..
+                })
+            ),
+            "{forwarded:?}"
+        );
+        assert!(matches!(
+            world[2].recv_message(1, notice_tag(7), Duration::ZERO),
+            Ok(None)
+        ));
+        // Other groups on the same transport are untouched.
+        let other = Health::default();
+        let other_watch = Watch::new(
+            world[2].as_ref(),
+            &members,
+            2,
+            8,
+            &other,
+            FailureScope::Group,
+        );
+        assert!(other_watch.poll_notices().is_ok());
+    }
+
+    #[test]
+    fn operation_scoped_failures_stay_in_the_operation() {
+        let world = MemTransport::fan_out(2);
+        let members = [0, 1];
+        let health = Health::default();
+        let watch = Watch::new(
+            world[0].as_ref(),
+            &members,
+            0,
+            7,
+            &health,
+            FailureScope::Operation,
+        );
+        watch.on_failure(&CollectiveError::Aborted);
+        assert!(watch.check().is_ok());
+        assert!(matches!(
+            world[1].recv_message(0, notice_tag(7), Duration::ZERO),
+            Ok(None)
+        ));
+    }
+
+    #[test]
+    fn data_under_the_notice_phase_is_a_protocol_error() {
+        let world = MemTransport::fan_out(2);
+        let members = [0, 1];
+        let health = Health::default();
+        let watch = Watch::new(
+            world[0].as_ref(),
+            &members,
+            0,
+            7,
+            &health,
+            FailureScope::Group,
+        );
+        world[1]
+            .send_message(0, notice_tag(7), &[b"stray"])
+            .expect("rank 0 is there");
+        assert!(matches!(
+            watch.poll_notices(),
+            Err(CollectiveError::Protocol { peer: Some(1), .. })
+        ));
     }
 }

@@ -1,15 +1,23 @@
 //! The one error type of RLX transport, shared by every transport and by the collectives.
 //!
-//! Which errors leave a group unusable:
+//! Which errors leave a group unusable ([`CollectiveError::is_fatal`]):
 //! - [`CollectiveError::PeerLost`], [`CollectiveError::Aborted`], [`CollectiveError::Protocol`] and
 //!   [`CollectiveError::Io`] mean a link is gone or cannot be trusted; every later operation that
 //!   needs that peer fails too. Build a new group.
 //! - [`CollectiveError::Timeout`] leaves the group usable only if the late peer never sends the
 //!   bytes of the timed-out operation; in practice treat it like a lost peer.
+//! - [`CollectiveError::GroupFailed`] is how the other ranks of a group learn about one of the
+//!   failures above: the collectives send a group-wide notice when an operation fails fatally,
+//!   and from then on every operation of that group fails on every rank.
 //! - [`CollectiveError::LengthMismatch`], [`CollectiveError::InvalidArgument`],
 //!   [`CollectiveError::UnknownRank`], [`CollectiveError::OutOfBounds`] and
 //!   [`CollectiveError::Unsupported`] describe one call; the group stays usable for the next one.
+//! - [`CollectiveError::PeerFailed`] is not fatal either: it reports that a peer's part of one
+//!   operation failed for one of the reasons just listed (fatal reasons travel as
+//!   [`CollectiveError::GroupFailed`] instead). Every rank has then left that operation, whose
+//!   messages carry its own identity, so the next operation matches as usual.
 
+use std::fmt;
 use std::time::Duration;
 
 /// Every failure of a transport or collective operation.
@@ -74,6 +82,22 @@ pub enum CollectiveError {
         peer: u32,
         /// What the peer reported.
         detail: String,
+    },
+    /// A rank of this group failed fatally ([`cause`](FatalCause) says how), so the group can
+    /// no longer be trusted: this operation and every later one of the group fail on every
+    /// rank. Build a new group.
+    #[error(
+        "group unusable after a fatal failure involving peer rank {peer} ({cause}), reported by \
+         rank {reporter}"
+    )]
+    GroupFailed {
+        /// The rank the failure is about: the lost, silent or misbehaving peer, or the rank whose
+        /// own transport failed when no peer was to blame.
+        peer: u32,
+        /// What kind of failure it was.
+        cause: FatalCause,
+        /// The rank whose notice brought the news (this rank, when it saw the failure itself).
+        reporter: u32,
     },
     /// The transport was aborted with [`Transport::abort`](crate::Transport::abort).
     #[error("transport aborted")]
@@ -148,14 +172,82 @@ impl CollectiveError {
 
     /// Whether this error means the group can no longer be trusted (see the module docs).
     pub fn is_fatal(&self) -> bool {
-        matches!(
-            self,
-            Self::PeerLost { .. }
-                | Self::Aborted
-                | Self::Protocol { .. }
-                | Self::Io { .. }
-                | Self::Timeout { .. }
-        )
+        self.fatal_cause().is_some()
+    }
+
+    /// The kind of fatal failure this error is, or `None` when it describes one call only (see
+    /// the module docs).
+    pub fn fatal_cause(&self) -> Option<FatalCause> {
+        match self {
+            Self::PeerLost { .. } => Some(FatalCause::PeerLost),
+            Self::Timeout { .. } => Some(FatalCause::Timeout),
+            Self::Aborted => Some(FatalCause::Aborted),
+            Self::Protocol { .. } => Some(FatalCause::Protocol),
+            Self::Io { .. } => Some(FatalCause::Io),
+            Self::GroupFailed { cause, .. } => Some(*cause),
+            Self::LengthMismatch { .. }
+            | Self::OutOfBounds { .. }
+            | Self::UnknownRank { .. }
+            | Self::PeerFailed { .. }
+            | Self::Unsupported { .. }
+            | Self::InvalidArgument { .. }
+            | Self::Config { .. } => None,
+        }
+    }
+}
+
+/// The kinds of failure after which a group can no longer be trusted: the fatal variants of
+/// [`CollectiveError`], as a group-wide failure notice carries them
+/// ([`Failure::GroupFailed`](crate::Failure::GroupFailed)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FatalCause {
+    /// A peer closed, crashed or reset ([`CollectiveError::PeerLost`]).
+    PeerLost,
+    /// A wait outlasted the operation timeout ([`CollectiveError::Timeout`]).
+    Timeout,
+    /// A transport was aborted ([`CollectiveError::Aborted`]).
+    Aborted,
+    /// Malformed or unexpected bytes arrived ([`CollectiveError::Protocol`]).
+    Protocol,
+    /// An operating-system I/O call failed ([`CollectiveError::Io`]).
+    Io,
+}
+
+impl FatalCause {
+    /// The cause's code in a failure notice on the wire.
+    pub const fn code(self) -> u8 {
+        match self {
+            FatalCause::PeerLost => 1,
+            FatalCause::Timeout => 2,
+            FatalCause::Aborted => 3,
+            FatalCause::Protocol => 4,
+            FatalCause::Io => 5,
+        }
+    }
+
+    /// The cause [`FatalCause::code`] encoded, or `None` for a code this build does not know.
+    pub const fn from_code(code: u8) -> Option<FatalCause> {
+        match code {
+            1 => Some(FatalCause::PeerLost),
+            2 => Some(FatalCause::Timeout),
+            3 => Some(FatalCause::Aborted),
+            4 => Some(FatalCause::Protocol),
+            5 => Some(FatalCause::Io),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for FatalCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FatalCause::PeerLost => "peer lost",
+            FatalCause::Timeout => "timed out",
+            FatalCause::Aborted => "transport aborted",
+            FatalCause::Protocol => "protocol error",
+            FatalCause::Io => "i/o error",
+        })
     }
 }
 

@@ -42,7 +42,7 @@ mod transport;
 
 pub use bootstrap::{LaunchEnv, Rendezvous};
 pub use dtype::{DType, ReduceKind, negotiate_reduce_dtype};
-pub use error::{CollectiveError, Result};
+pub use error::{CollectiveError, FatalCause, Result};
 pub use inbox::Inbox;
 pub use mem::MemTransport;
 pub use symmetric::{Region, Symmetric, SymmetricTransport};

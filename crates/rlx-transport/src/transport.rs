@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::error::FatalCause;
 use crate::symmetric::{Cmp, Completion, Region, Signal, SymmetricHeap, SymmetricTransport};
 use crate::{CollectiveError, DType, ReduceKind, Result, TRANSPORT_GROUP, Tag};
 
@@ -66,6 +67,13 @@ pub trait Transport: Send + Sync {
     /// Tells `to` that this rank's part of the operation under `tag` failed, so that `to`'s next
     /// receive from this rank under `tag` fails with the matching error instead of waiting for
     /// data that will never come. The default does nothing (peers then rely on their timeout).
+    ///
+    /// Implementations deliver a notice exactly like a message: matched by `(source, tag)`,
+    /// FIFO with the messages of that pair, drained before a lost source's
+    /// [`CollectiveError::PeerLost`], and never dropped for lack of a waiting receive. The
+    /// collectives rely on this for their group-wide notices ([`Failure::GroupFailed`]), which
+    /// they send under a reserved phase of the group's tag space to every member of a group
+    /// that failed fatally and look for while they wait, whatever operation they are in.
     fn send_failure(&self, to: u32, tag: Tag, failure: Failure) -> Result<()> {
         let _ = (to, tag, failure);
         Ok(())
@@ -165,8 +173,17 @@ pub enum Failure {
         /// The length the sender found.
         got: u64,
     },
-    /// The sender's operation failed for another reason (a lost peer, a timeout, ...).
+    /// The sender's operation failed for a reason that concerns this operation only (an invalid
+    /// argument, an unsupported request, ...).
     Failed,
+    /// The sender's group can no longer be trusted: a fatal failure of kind `cause` involving
+    /// world rank `culprit` (see [`CollectiveError::GroupFailed`]).
+    GroupFailed {
+        /// The rank the failure is about.
+        culprit: u32,
+        /// What kind of failure it was.
+        cause: FatalCause,
+    },
 }
 
 /// Encoded size of a [`Failure`] on the wire.
@@ -178,6 +195,9 @@ impl Failure {
         let (kind, a, b) = match self {
             Failure::LengthMismatch { expected, got } => (1u8, expected, got),
             Failure::Failed => (2u8, 0, 0),
+            Failure::GroupFailed { culprit, cause } => {
+                (3u8, u64::from(culprit), u64::from(cause.code()))
+            }
         };
         let mut out = [0u8; FAILURE_WIRE_LEN];
         out[0] = kind;
@@ -200,6 +220,14 @@ impl Failure {
                 got: u64::from_le_bytes(b),
             }),
             2 => Ok(Failure::Failed),
+            3 => {
+                let culprit = u32::try_from(u64::from_le_bytes(a)).map_err(|_| bad())?;
+                let cause = u8::try_from(u64::from_le_bytes(b))
+                    .ok()
+                    .and_then(FatalCause::from_code)
+                    .ok_or_else(bad)?;
+                Ok(Failure::GroupFailed { culprit, cause })
+            }
             _ => Err(bad()),
         }
     }
@@ -213,6 +241,11 @@ impl Failure {
             Failure::Failed => CollectiveError::PeerFailed {
                 peer,
                 detail: "its side of the operation failed".to_owned(),
+            },
+            Failure::GroupFailed { culprit, cause } => CollectiveError::GroupFailed {
+                peer: culprit,
+                cause,
+                reporter: peer,
             },
         }
     }
@@ -352,11 +385,62 @@ mod tests {
                 got: u64::MAX,
             },
             Failure::Failed,
+            Failure::GroupFailed {
+                culprit: u32::MAX,
+                cause: FatalCause::PeerLost,
+            },
+            Failure::GroupFailed {
+                culprit: 0,
+                cause: FatalCause::Io,
+            },
         ] {
             assert_eq!(Failure::decode(3, &f.encode()).unwrap(), f);
         }
         assert!(Failure::decode(3, &[9u8; FAILURE_WIRE_LEN]).is_err());
         assert!(Failure::decode(3, &[1u8; 4]).is_err());
+        // A culprit beyond u32 or an unknown cause is malformed, never truncated or guessed.
+        let mut wide = Failure::GroupFailed {
+            culprit: 7,
+            cause: FatalCause::Timeout,
+        }
+        .encode();
+        wide[5] = 1;
+        assert!(Failure::decode(3, &wide).is_err());
+        let mut unknown = Failure::GroupFailed {
+            culprit: 7,
+            cause: FatalCause::Timeout,
+        }
+        .encode();
+        unknown[9] = 200;
+        assert!(Failure::decode(3, &unknown).is_err());
+        unknown[9] = 2;
+        unknown[10] = 1;
+        assert!(Failure::decode(3, &unknown).is_err());
+    }
+
+    #[test]
+    fn a_group_notice_names_the_culprit_and_the_reporter() {
+        let err = Failure::GroupFailed {
+            culprit: 5,
+            cause: FatalCause::PeerLost,
+        }
+        .into_error(2);
+        assert!(matches!(
+            err,
+            CollectiveError::GroupFailed {
+                peer: 5,
+                cause: FatalCause::PeerLost,
+                reporter: 2
+            }
+        ));
+        assert!(err.is_fatal());
+        assert_eq!(err.fatal_cause(), Some(FatalCause::PeerLost));
+        let text = err.to_string();
+        assert!(
+            text.contains("peer rank 5") && text.contains("rank 2"),
+            "{text}"
+        );
+        assert!(!Failure::Failed.into_error(2).is_fatal());
     }
 
     #[cfg(not(rlx_loom))]

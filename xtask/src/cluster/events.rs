@@ -124,6 +124,7 @@ impl ErrorRecord {
         let (kind, peer) = match error {
             E::PeerLost { peer, .. } => ("peer_lost", Some(*peer)),
             E::PeerFailed { peer, .. } => ("peer_failed", Some(*peer)),
+            E::GroupFailed { peer, .. } => ("group_failed", Some(*peer)),
             E::Timeout { peer, .. } => ("timeout", *peer),
             E::Aborted => ("aborted", None),
             _ => ("other", None),
