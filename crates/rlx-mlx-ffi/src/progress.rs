@@ -190,7 +190,13 @@ pub(crate) fn receiver_loop(shared: &Shared, index: usize) {
                     state = wait(&shared.changed, state);
                     continue;
                 }
-                if state.always_receive || state.closing || !state.demand[index].is_empty() {
+                let now = Instant::now();
+                state.polled[index].retain(|e| e.2 > now);
+                if state.always_receive
+                    || state.closing
+                    || !state.demand[index].is_empty()
+                    || !state.polled[index].is_empty()
+                {
                     break;
                 }
                 if state.pausing > 0 {
@@ -290,6 +296,7 @@ pub(crate) fn receive_one(shared: &Shared, index: usize) -> Result<Option<(u64, 
             {
                 state.demand[index].remove(at);
             }
+            state.polled[index].retain(|e| (e.0, e.1) != (header.src, header.tag));
             drop(state);
             let _ = shared.inbox.deliver(header.src, tag, delivery);
             Ok(None)

@@ -96,6 +96,11 @@ const EXCHANGE_PHASE: u16 = 0xFFFE;
 /// docs).
 const ANNOUNCE_PHASE: u16 = 0xFFFD;
 
+/// How long a poll that found nothing keeps its link read (see [`State::polled`]): longer
+/// than the gap between the polls of a watching loop, short enough that an abandoned poll does
+/// not keep a receive posted for long.
+const POLL_INTEREST: Duration = Duration::from_millis(100);
+
 /// How often a caller waiting for the collective thread, and the idle collective thread,
 /// look for an abort or a close.
 pub(crate) const ABORT_POLL: Duration = Duration::from_millis(50);
@@ -124,6 +129,11 @@ pub(crate) struct State {
     /// wait for the same source and tag at once may leave one of them without demand; it
     /// then ends at its deadline.
     pub(crate) demand: Vec<Vec<(u64, u32, u64)>>,
+    /// Per link: `(source, tag, until)` of recent polls (receives with a zero timeout) that
+    /// found nothing. A poll cannot wait for the receiver, so it leaves this interest behind
+    /// and the receiver reads the link until `until`; a later poll finds what arrived. This is
+    /// how a loop that only polls (a group watching for failure notices) sees its messages.
+    pub(crate) polled: Vec<Vec<(u32, u64, Instant)>>,
     /// How many native collectives wait for the peers' pause frames.
     pub(crate) pausing: usize,
     /// Per link: whether its receiver is reading from it (from deciding to post a receive
@@ -502,6 +512,7 @@ impl MlxTransport {
                 sender_paused: vec![false; n],
                 peer_paused: vec![None; n],
                 demand: vec![Vec::new(); n],
+                polled: vec![Vec::new(); n],
                 pausing: 0,
                 receiving: vec![false; n],
                 owned: false,
@@ -607,6 +618,20 @@ impl Shared {
         for peer in (0..self.world).filter(|&r| r != self.rank) {
             self.inbox.mark_lost(peer, reason.clone());
         }
+    }
+
+    /// Leaves the interest of a poll for messages from `from` with `tag` on link `index` (see
+    /// [`State::polled`]), renewing an earlier one.
+    fn note_poll(&self, index: usize, from: u32, tag: Tag) {
+        let until = Instant::now() + POLL_INTEREST;
+        let mut state = lock(&self.state);
+        let polled = &mut state.polled[index];
+        match polled.iter_mut().find(|e| (e.0, e.1) == (from, tag.raw())) {
+            Some(entry) => entry.2 = until,
+            None => polled.push((from, tag.raw(), until)),
+        }
+        drop(state);
+        self.changed.notify_all();
     }
 
     /// Number of links a message from this rank to `dst` crosses.
@@ -1318,14 +1343,15 @@ impl Transport for MlxTransport {
         if from == s.rank {
             return s.inbox.take(from, tag, timeout);
         }
-        if timeout.is_zero() {
-            return Ok(None);
-        }
         // MLX's ring busy-polls a socket while a receive is posted on it, so the link's
         // receiver posts one only while somebody waits for what comes through it.
         let Some(index) = s.link_index(s.last_hop_from(from)) else {
             return s.inbox.take(from, tag, timeout);
         };
+        if timeout.is_zero() {
+            s.note_poll(index, from, tag);
+            return Ok(None);
+        }
         let _demand = Demand::register(s, index, from, tag);
         s.inbox.take(from, tag, timeout)
     }

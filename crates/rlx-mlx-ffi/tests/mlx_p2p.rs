@@ -90,6 +90,7 @@ fn deadlines(t: &MlxTransport) {
         t.send_bytes(peer, 7, b"seven").unwrap();
         t.recv_bytes(peer, 1).unwrap();
         t.send_bytes(peer, 8, b"eight").unwrap();
+        t.send_bytes(peer, 10, b"polled").unwrap();
     } else {
         let start = Instant::now();
         let got = t
@@ -112,6 +113,20 @@ fn deadlines(t: &MlxTransport) {
         assert_eq!(t.recv_bytes_timeout(peer, 8, Duration::ZERO).unwrap(), None);
         t.send_bytes(peer, 1, b"go").unwrap();
         assert_eq!(t.recv_bytes(peer, 8).unwrap(), b"eight");
+        // A loop that only polls (zero timeouts) must still see a message that arrived when
+        // nobody was waiting for it.
+        let start = Instant::now();
+        let polled = loop {
+            if let Some(message) = t.recv_bytes_timeout(peer, 10, Duration::ZERO).unwrap() {
+                break message;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "polling never found the message"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(polled, b"polled");
     }
     // MLX shares one world group per process, so a second transport over it is refused.
     assert!(matches!(
