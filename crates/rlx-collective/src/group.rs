@@ -608,19 +608,39 @@ impl ProcessGroup {
     /// Gathers every rank's `local` on every rank, in rank order. All ranks pass the same
     /// length.
     pub fn all_gather(&self, local: &[f32]) -> Result<Vec<f32>> {
-        self.run("all_gather", |ctx| {
-            let mut out = vec![0f32; gathered_len(local.len(), ctx.size())?];
-            crate::all_gather::run(ctx, f32_bytes(local), f32_bytes_mut(&mut out), DType::F32)?;
-            Ok(out)
-        })
+        let mut out = vec![0f32; gathered_len(local.len(), self.world_size())?];
+        self.all_gather_into(local, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`ProcessGroup::all_gather`] into `out`, which holds `world_size × local.len()`
+    /// elements: a loop that gathers the same sizes again and again allocates nothing. An
+    /// `out` of another length is [`CollectiveError::InvalidArgument`] on this rank and fails
+    /// the operation on the others.
+    pub fn all_gather_into(&self, local: &[f32], out: &mut [f32]) -> Result<()> {
+        self.all_gather_typed_into(f32_bytes(local), f32_bytes_mut(out), DType::F32)
     }
 
     /// [`ProcessGroup::all_gather`] on raw little-endian `dtype` elements.
     pub fn all_gather_typed(&self, local: &[u8], dtype: DType) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; gathered_len(local.len(), self.world_size())?];
+        self.all_gather_typed_into(local, &mut out, dtype)?;
+        Ok(out)
+    }
+
+    /// [`ProcessGroup::all_gather_into`] on raw little-endian `dtype` elements.
+    pub fn all_gather_typed_into(&self, local: &[u8], out: &mut [u8], dtype: DType) -> Result<()> {
         self.run("all_gather", |ctx| {
-            let mut out = vec![0u8; gathered_len(local.len(), ctx.size())?];
-            crate::all_gather::run(ctx, local, &mut out, dtype)?;
-            Ok(out)
+            let expected = gathered_len(local.len(), ctx.size())?;
+            if out.len() != expected {
+                return Err(CollectiveError::invalid(format!(
+                    "all_gather output holds {} bytes; {} ranks × {} bytes need {expected}",
+                    out.len(),
+                    ctx.size(),
+                    local.len()
+                )));
+            }
+            crate::all_gather::run(ctx, local, out, dtype)
         })
     }
 

@@ -242,3 +242,52 @@ fn a_forced_algorithm_must_exist_for_the_operation() {
         Algorithm::Auto
     );
 }
+
+/// `all_gather_into` fills the caller's buffer exactly as `all_gather` returns it, over world
+/// sizes 1..=8 and awkward lengths; an output of the wrong length is refused on its rank, the
+/// other ranks fail instead of waiting, and the group still works afterwards.
+#[test]
+fn all_gather_into_matches_all_gather_and_checks_its_output() {
+    for world in 1u32..=8 {
+        let results = common::on_each(
+            common::world_with_timeout(world, OP_TIMEOUT),
+            move |group| {
+                for count in [0usize, 1, 7, 1000] {
+                    let local: Vec<f32> = (0..count)
+                        .map(|j| (group.rank() * 1000 + j as u32) as f32)
+                        .collect();
+                    let mut out = vec![f32::NAN; count * world as usize];
+                    group.all_gather_into(&local, &mut out)?;
+                    assert_eq!(
+                        out,
+                        group.all_gather(&local)?,
+                        "world {world}, count {count}"
+                    );
+                }
+                let mut short = vec![
+                    0f32;
+                    if group.rank() == 0 {
+                        3
+                    } else {
+                        4 * world as usize
+                    }
+                ];
+                let refused = group.all_gather_into(&[1.0; 4], &mut short);
+                then_all_reduce_works(&group);
+                Ok::<_, CollectiveError>(refused)
+            },
+        );
+        for (rank, result) in results.into_iter().enumerate() {
+            let refused = result.unwrap_or_else(|e| panic!("world {world} rank {rank}: {e}"));
+            match (rank, refused) {
+                (0, Err(CollectiveError::InvalidArgument { .. })) => {}
+                // Rank 0's notice, or a neighbour's that failed because of it.
+                (_, Err(CollectiveError::PeerFailed { .. })) if world > 1 => {}
+                (_, Ok(())) if world == 1 => {}
+                (rank, other) => {
+                    panic!("world {world}: rank {rank} got {other:?} for a short output on rank 0")
+                }
+            }
+        }
+    }
+}
