@@ -104,7 +104,7 @@ pub(crate) struct CaseRecord {
 /// A run-ending error, with the fields the launcher's fault verdict needs.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub(crate) struct ErrorRecord {
-    /// `"peer_lost"`, `"peer_failed"`, `"timeout"`, `"aborted"` or `"other"`.
+    /// `"peer_lost"`, `"peer_failed"`, `"group_failed"`, `"timeout"`, `"aborted"` or `"other"`.
     pub(crate) kind: String,
     /// The peer the error names, when it names one.
     pub(crate) peer: Option<u32>,

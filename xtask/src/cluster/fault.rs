@@ -34,8 +34,15 @@ impl FaultKind {
     /// this fault.
     fn explains(self, kind: &str) -> bool {
         match self {
-            FaultKind::Kill => matches!(kind, "peer_lost" | "peer_failed"),
-            FaultKind::Stall => matches!(kind, "peer_lost" | "peer_failed" | "timeout"),
+            // A group-wide notice names the rank at fault, so it explains whatever that rank's
+            // own failure explains.
+            FaultKind::Kill => matches!(kind, "peer_lost" | "peer_failed" | "group_failed"),
+            FaultKind::Stall => {
+                matches!(
+                    kind,
+                    "peer_lost" | "peer_failed" | "group_failed" | "timeout"
+                )
+            }
         }
     }
 }
@@ -277,8 +284,9 @@ mod tests {
     fn chains_of_blame_lead_to_the_victim() {
         let errors = BTreeMap::from([
             (0, err("peer_failed", 3)),
-            (1, err("peer_lost", 2)),
+            (1, err("group_failed", 2)),
             (3, err("peer_lost", 2)),
+            (4, err("group_failed", 0)),
         ]);
         let verdict = judge(FaultKind::Kill, 2, &errors);
         assert!(verdict.values().all(Result::is_ok), "{verdict:?}");
