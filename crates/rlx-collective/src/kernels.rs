@@ -310,6 +310,12 @@ pub(crate) fn wide_size(dtype: DType) -> Result<usize> {
     with_narrow!(dtype, size())
 }
 
+/// Whether `dtype` accumulates in its own type (f32, f64, i64): its wide form is its bytes, and
+/// narrowing the accumulator back changes nothing, so algorithms may skip both conversions.
+pub(crate) fn accumulates_in_kind(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F64 | DType::I64)
+}
+
 /// Refuses reductions this build does not know (`ReduceKind` is non-exhaustive).
 fn known(reduce: ReduceKind) -> Result<()> {
     match reduce {
@@ -508,6 +514,21 @@ mod tests {
             &[x.clone(), x.clone(), x.clone(), x],
         );
         assert_eq!(f16::from_le_bytes([out[0], out[1]]).to_f32(), 30000.0);
+    }
+
+    #[test]
+    fn accumulating_in_kind_means_the_conversions_are_identities() {
+        let bytes: Vec<u8> = (0..64u8).map(|b| b.wrapping_mul(37)).collect();
+        for dtype in DType::ALL {
+            let count = bytes.len() / dtype.size();
+            let own = &bytes[..count * dtype.size()];
+            let mut wide = vec![0u8; count * wide_size(dtype).unwrap()];
+            widen(dtype, own, &mut wide).unwrap();
+            let mut narrow = vec![0u8; own.len()];
+            finish(dtype, ReduceKind::Sum, 2, &wide, &mut narrow).unwrap();
+            let identity = wide == own && narrow == own;
+            assert_eq!(accumulates_in_kind(dtype), identity, "{dtype}");
+        }
     }
 
     #[test]
