@@ -115,6 +115,8 @@ pub(crate) struct ChildSpec {
     pub(crate) env_remove: Vec<String>,
     /// The network namespace to run it in (`ip netns exec NAME`), if any.
     pub(crate) netns: Option<String>,
+    /// The CPU to bind it to (Linux), if any.
+    pub(crate) cpu: Option<usize>,
 }
 
 impl ChildSpec {
@@ -127,7 +129,15 @@ impl ChildSpec {
             env: Vec::new(),
             env_remove: Vec::new(),
             netns: None,
+            cpu: None,
         }
+    }
+
+    /// Binds the child to one CPU (on Linux; elsewhere it runs unbound), as `mpirun` binds its
+    /// ranks.
+    pub(crate) fn on_cpu(mut self, cpu: usize) -> ChildSpec {
+        self.cpu = Some(cpu);
+        self
     }
 
     /// Appends arguments.
@@ -156,6 +166,24 @@ impl ChildSpec {
             None => Command::new(&self.program),
         };
         command.args(&self.args);
+        #[cfg(target_os = "linux")]
+        if let Some(cpu) = self.cpu {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: the closure runs in the forked child before exec, where only
+            // async-signal-safe work is allowed: it fills a CPU set on its own stack and makes
+            // one system call, allocating nothing and taking no lock.
+            unsafe {
+                command.pre_exec(move || {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut set);
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         for key in &self.env_remove {
             command.env_remove(key);
         }
