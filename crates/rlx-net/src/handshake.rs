@@ -18,8 +18,9 @@ use rlx_transport::CollectiveError;
 
 /// First bytes of every hello and reply.
 pub(crate) const MAGIC: [u8; 8] = *b"RLXTCP\r\n";
-/// Version of this wire protocol (frames and handshake).
-pub(crate) const PROTOCOL_VERSION: u32 = 1;
+/// Version of this wire protocol (frames and handshake). 2: failure notices may carry
+/// `Failure::GroupFailed` (kind 3), which version 1 cannot decode.
+pub(crate) const PROTOCOL_VERSION: u32 = 2;
 /// Encoded size of a [`Hello`].
 pub(crate) const HELLO_LEN: usize = 72;
 /// Encoded size of a [`Reply`] without its reason text.

@@ -47,10 +47,13 @@ fn job_digest(job: &str) -> [u8; 16] {
     out
 }
 
+/// The wire protocol version these hand-made hellos speak.
+const PROTOCOL_VERSION: u32 = 2;
+
 fn hello(job: &str, world: u32, rank: u32) -> [u8; 72] {
     let mut h = [0u8; 72];
     h[0..8].copy_from_slice(b"RLXTCP\r\n");
-    h[8..12].copy_from_slice(&1u32.to_le_bytes());
+    h[8..12].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
     h[16..32].copy_from_slice(&job_digest(job));
     h[32..36].copy_from_slice(&world.to_le_bytes());
     h[36..40].copy_from_slice(&rank.to_le_bytes());
@@ -172,6 +175,15 @@ fn strangers_are_refused_while_the_job_completes() {
     assert!(
         code != 0 && reason.contains("magic"),
         "magic: {code} {reason}"
+    );
+
+    // A peer of the previous protocol (which cannot decode group-wide failure notices).
+    let mut old_version = hello(JOB, 4, 3);
+    old_version[8..12].copy_from_slice(&(PROTOCOL_VERSION - 1).to_le_bytes());
+    let (code, reason) = refused(ports[0], &old_version);
+    assert!(
+        code != 0 && reason.contains("protocol version"),
+        "version: {code} {reason}"
     );
 
     let (code, reason) = refused(ports[0], &hello("another-job", 4, 3));
