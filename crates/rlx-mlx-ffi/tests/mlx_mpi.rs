@@ -1,6 +1,6 @@
 //! `MlxTransport` on MLX's `mpi` backend: 2 ranks under `mpirun` (Open MPI), when it is
-//! installed. A test binary of its own, so that it does not share the machine with the ring
-//! tests running in parallel.
+//! installed, including a split of the world. A test binary of its own, so that it does not
+//! share the machine with the ring tests running in parallel.
 
 #![cfg(feature = "mlx")]
 
@@ -31,6 +31,25 @@ fn mpi_body(t: &MlxTransport) {
             .collect();
         assert!(data == expected, "sum of {count} f16");
     }
+    t.barrier().unwrap();
+
+    // MPI can split: the same two ranks in the opposite order form a world of their own, whose
+    // point-to-point and native collectives work beside the parent's.
+    let sub = t.split(0, 1 - me as i32).unwrap();
+    assert_eq!((sub.rank(), sub.world_size()), (1 - me, 2));
+    let other = 1 - sub.rank();
+    sub.send_bytes(other, 4, &[sub.rank() as u8; 5]).unwrap();
+    assert_eq!(sub.recv_bytes(other, 4).unwrap(), vec![other as u8; 5]);
+    let mut data = f32::from(sub.rank() as u16 + 1)
+        .to_le_bytes()
+        .repeat(70_001);
+    sub.native_collectives()
+        .unwrap()
+        .all_reduce(&mut data, DType::F32, ReduceKind::Sum)
+        .unwrap();
+    assert!(data == 3.0f32.to_le_bytes().repeat(70_001));
+    sub.barrier().unwrap();
+    drop(sub);
     t.barrier().unwrap();
 }
 
