@@ -181,6 +181,21 @@ Target target(const rlxmlx_group* group) {
   return Target{impl, impl->communication_stream(thread_stream())};
 }
 
+// Refuses null handles, and arrays of `in` and `out` whose types differ or
+// where `whole` does not hold exactly one `block` per rank of the group.
+void check_blocks(const Target& t, const rlxmlx_array* in,
+                  const rlxmlx_array* out, const rlxmlx_array* whole,
+                  const rlxmlx_array* block, const char* what) {
+  if (in == nullptr || out == nullptr) {
+    throw ArgumentError("null array handle");
+  }
+  size_t size = static_cast<size_t>(t.impl->size());
+  if (out->array.dtype() != in->array.dtype() ||
+      whole->array.size() != block->array.size() * size) {
+    throw ArgumentError(what);
+  }
+}
+
 } // namespace
 
 extern "C" {
@@ -346,14 +361,7 @@ int rlxmlx_all_gather(const rlxmlx_group* group, const rlxmlx_array* in,
                       rlxmlx_array* out, char* err, size_t err_len) {
   return guarded(err, err_len, [&] {
     Target t = target(group);
-    if (in == nullptr || out == nullptr) {
-      throw ArgumentError("null array handle");
-    }
-    size_t size = static_cast<size_t>(t.impl->size());
-    if (out->array.dtype() != in->array.dtype() ||
-        out->array.size() != in->array.size() * size) {
-      throw ArgumentError("all_gather output must hold size x input elements");
-    }
+    check_blocks(t, in, out, out, in, "all_gather output must hold size x input elements");
     t.impl->all_gather(in->array, out->array, t.stream);
     mx::synchronize(t.stream);
   });
@@ -363,14 +371,7 @@ int rlxmlx_sum_scatter(const rlxmlx_group* group, const rlxmlx_array* in,
                        rlxmlx_array* out, char* err, size_t err_len) {
   return guarded(err, err_len, [&] {
     Target t = target(group);
-    if (in == nullptr || out == nullptr) {
-      throw ArgumentError("null array handle");
-    }
-    size_t size = static_cast<size_t>(t.impl->size());
-    if (out->array.dtype() != in->array.dtype() ||
-        in->array.size() != out->array.size() * size) {
-      throw ArgumentError("sum_scatter input must hold size x output elements");
-    }
+    check_blocks(t, in, out, in, out, "sum_scatter input must hold size x output elements");
     t.impl->sum_scatter(in->array, out->array, t.stream);
     mx::synchronize(t.stream);
   });

@@ -241,14 +241,29 @@ impl Group {
     /// Sends the bytes of `parts`, one after the other, to `dst` as one MLX message (the
     /// shim gathers them into the array it sends); returns once MLX has handed them to its
     /// connection.
+    /// At most [`MAX_SEND_PARTS`] parts, listed on the stack: a send allocates nothing here.
     pub(crate) fn send_parts(&self, dst: u32, parts: &[&[u8]]) -> Result<(), ShimError> {
         let dst = rank_arg(dst)?;
-        let pointers: Vec<*const c_void> = parts.iter().map(|p| p.as_ptr().cast()).collect();
-        let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+        if parts.len() > MAX_SEND_PARTS {
+            return Err(ShimError {
+                refused: true,
+                message: format!(
+                    "{} parts in one send; at most {MAX_SEND_PARTS}",
+                    parts.len()
+                ),
+            });
+        }
+        let mut pointers = [std::ptr::null::<c_void>(); MAX_SEND_PARTS];
+        let mut lens = [0usize; MAX_SEND_PARTS];
+        for (i, part) in parts.iter().enumerate() {
+            pointers[i] = part.as_ptr().cast();
+            lens[i] = part.len();
+        }
         call(|err, len| {
             // SAFETY: part `i` is valid for `lens[i]` bytes for the whole call (the shim
-            // copies the parts before returning), `pointers` and `lens` hold `parts.len()`
-            // entries each, and `err` holds `len` bytes.
+            // copies the parts before returning), the first `parts.len()` entries of
+            // `pointers` and `lens` describe them (at most MAX_SEND_PARTS, checked above), and
+            // `err` holds `len` bytes.
             unsafe {
                 rlxmlx_send(
                     self.raw,
@@ -314,6 +329,9 @@ impl Group {
         })
     }
 }
+
+/// Most parts one [`Group::send_parts`] takes: a frame's header, its body parts and padding.
+pub(crate) const MAX_SEND_PARTS: usize = 8;
 
 /// An MLX array in host memory owned by RLX: filled from and read into the caller's buffers
 /// on the caller's thread, and handed to the thread that runs a collective.

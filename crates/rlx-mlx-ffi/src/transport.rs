@@ -69,7 +69,7 @@ use rlx_transport::{
 };
 
 use crate::backend::{Backend, Topology};
-use crate::ffi::{self, Group, ShimError};
+use crate::ffi::{self, Group, MAX_SEND_PARTS, ShimError};
 use crate::frame::{HEADER_LEN, Header, Kind};
 use crate::native::{MlxDtype, MlxReduce, ReducePlan};
 use crate::pool::ArrayPool;
@@ -534,13 +534,17 @@ impl MlxTransport {
             jobs: Mutex::new(VecDeque::new()),
             job_queued: Condvar::new(),
         });
-        let spawn = |name: String, role: Role, body: fn(&Shared, Role)| {
+        let spawn = |name: String, role: Role| {
             let s = Arc::clone(&shared);
             let exits = Arc::clone(&shared.exits);
             std::thread::Builder::new()
                 .name(name)
                 .spawn(move || {
-                    body(&s, role);
+                    match role {
+                        Role::Collective => collective_loop(&s),
+                        Role::Sender(index) => sender_loop(&s, index),
+                        Role::Receiver(index) => receiver_loop(&s, index),
+                    }
                     drop(s);
                     exits.mark(role);
                 })
@@ -550,29 +554,10 @@ impl MlxTransport {
                     source: e,
                 })
         };
-        spawn("rlx-mlx-collective".to_owned(), Role::Collective, |s, _| {
-            collective_loop(s)
-        })?;
-        for index in 0..n {
-            let peer = shared.links[index].peer;
-            spawn(
-                format!("rlx-mlx-send-{peer}"),
-                Role::Sender(index),
-                |s, role| {
-                    if let Role::Sender(index) = role {
-                        sender_loop(s, index);
-                    }
-                },
-            )?;
-            spawn(
-                format!("rlx-mlx-recv-{peer}"),
-                Role::Receiver(index),
-                |s, role| {
-                    if let Role::Receiver(index) = role {
-                        receiver_loop(s, index);
-                    }
-                },
-            )?;
+        spawn("rlx-mlx-collective".to_owned(), Role::Collective)?;
+        for (index, link) in shared.links.iter().enumerate() {
+            spawn(format!("rlx-mlx-send-{}", link.peer), Role::Sender(index))?;
+            spawn(format!("rlx-mlx-recv-{}", link.peer), Role::Receiver(index))?;
         }
         Ok(MlxTransport { shared })
     }
@@ -755,11 +740,15 @@ impl Shared {
         if self.byte_stream && len <= PIECE_LEN - HEADER_LEN {
             // One MLX send instead of two: the receiver still reads the first piece and the
             // rest separately, which a byte stream allows.
-            let mut gathered: Vec<&[u8]> = Vec::with_capacity(parts.len() + 2);
-            gathered.push(&head);
-            gathered.extend_from_slice(parts);
-            gathered.push(pad);
-            return self.group.send_parts(peer, &gathered);
+            if parts.len() + 2 > MAX_SEND_PARTS {
+                return self.send_frame(peer, header, &[&parts.concat()]);
+            }
+            // Gathered on the stack: no allocation per frame.
+            let mut gathered: [&[u8]; MAX_SEND_PARTS] = [&[]; MAX_SEND_PARTS];
+            gathered[0] = &head;
+            gathered[1..=parts.len()].copy_from_slice(parts);
+            gathered[parts.len() + 1] = pad;
+            return self.group.send_parts(peer, &gathered[..parts.len() + 2]);
         }
         let joined;
         let body = match parts {
