@@ -12,11 +12,12 @@ output poisoned before the last iteration and checked after it, wrong elements s
 
 import datetime
 import os
-import sys
 import time
 
 import torch
 import torch.distributed as dist
+
+from line_protocol import serve
 
 DTYPES = {
     "f16": torch.float16,
@@ -145,33 +146,8 @@ def main():
     dist.init_process_group(
         "gloo", timeout=datetime.timedelta(seconds=int(os.environ.get("RLX_PEER_TIMEOUT", "120")))
     )
-    rank = dist.get_rank()
-
-    def answer(text):
-        if rank == 0:
-            print(text, flush=True)
-
-    answer("ready")
-    for line in sys.stdin:
-        words = line.split()
-        if not words or words[0] == "quit":
-            break
-        op, dtype_name, redop = words[0], words[1], words[2]
-        count, iters, warmup = int(words[3]), int(words[4]), int(words[5])
-        dtype = DTYPES.get(dtype_name)
-        if dtype is None:
-            answer("skip unknown dtype")
-            continue
-        try:
-            result, reason = run(op, dtype, redop, count, iters, warmup)
-        except RuntimeError as error:
-            # Gloo refuses some operation/dtype pairs (reduce_scatter, bf16); every rank sees
-            # the same refusal before any byte moves, so the ranks stay in step.
-            result, reason = None, "gloo: " + str(error).splitlines()[0][:100]
-        if result is None:
-            answer("skip " + reason)
-        else:
-            answer("ok %d %s" % (result[0], " ".join("%.3f" % t for t in result[1])))
+    # Gloo refuses some operation/dtype pairs (reduce_scatter, bf16) with a RuntimeError.
+    serve(dist.get_rank(), "gloo", DTYPES, run, (RuntimeError,))
     dist.destroy_process_group()
 
 

@@ -10,10 +10,11 @@ operation timed per iteration (up to mx.eval of its result, since MLX is lazy), 
 reduced with MAX across ranks after the loop, the result checked against the expected values.
 """
 
-import sys
 import time
 
 import mlx.core as mx
+
+from line_protocol import serve
 
 DTYPES = {
     "f16": mx.float16,
@@ -90,33 +91,14 @@ def run(group, op, dtype, redop, count, iters, warmup):
 
 def main():
     group = mx.distributed.init(backend="ring", strict=True)
-    rank = group.rank()
-
-    def answer(text):
-        if rank == 0:
-            print(text, flush=True)
-
-    answer("ready")
-    for line in sys.stdin:
-        words = line.split()
-        if not words or words[0] == "quit":
-            break
-        op, dtype_name, redop = words[0], words[1], words[2]
-        count, iters, warmup = int(words[3]), int(words[4]), int(words[5])
-        dtype = DTYPES.get(dtype_name)
-        if dtype is None:
-            answer("skip unknown dtype")
-            continue
-        try:
-            result, reason = run(group, op, dtype, redop, count, iters, warmup)
-        except (RuntimeError, ValueError) as error:
-            # MLX refuses some dtypes on its CPU backend before any byte moves, on every rank
-            # alike, so the ranks stay in step.
-            result, reason = None, "mlx: " + str(error).splitlines()[0][:100]
-        if result is None:
-            answer("skip " + reason)
-        else:
-            answer("ok %d %s" % (result[0], " ".join("%.3f" % t for t in result[1])))
+    # MLX refuses some dtypes on its CPU backend with a RuntimeError or ValueError.
+    serve(
+        group.rank(),
+        "mlx",
+        DTYPES,
+        lambda *command: run(group, *command),
+        (RuntimeError, ValueError),
+    )
 
 
 if __name__ == "__main__":
