@@ -3,6 +3,7 @@
 //! Python under the same launch. Run every rank with MLX's ring variables, e.g.
 //! `MLX_HOSTFILE=hosts.json MLX_RANK=0 cargo run --release --features mlx --example
 //! mlx_all_sum_bench` (and rank 1 alike); rank 0 prints the table. Every result is checked.
+//! Sizes in bytes given as arguments replace the default list (for profiling one size).
 
 use std::time::Instant;
 
@@ -36,7 +37,20 @@ fn main() -> Result<(), CollectiveError> {
             "bytes", "iters", "median_us", "algbw", "busbw"
         );
     }
-    for bytes in SIZES {
+    let sizes: Vec<usize> = match std::env::args()
+        .skip(1)
+        .map(|a| a.parse::<usize>())
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(given) if !given.is_empty() => given,
+        Ok(_) => SIZES.to_vec(),
+        Err(e) => {
+            return Err(CollectiveError::invalid(format!(
+                "sizes must be byte counts: {e}"
+            )));
+        }
+    };
+    for bytes in sizes {
         let count = bytes / 4;
         let iters = ((256usize << 20) / bytes).clamp(5, 200);
         let mut times = Vec::with_capacity(iters);

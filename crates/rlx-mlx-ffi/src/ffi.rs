@@ -297,6 +297,46 @@ impl Group {
         })
     }
 
+    /// Receives `count` bytes from `src` and appends them to `buf` (whose capacity must
+    /// already hold them), without first zeroing the space they go into.
+    pub(crate) fn recv_append(
+        &self,
+        src: u32,
+        buf: &mut Vec<u8>,
+        count: usize,
+    ) -> Result<(), ShimError> {
+        let src = rank_arg(src)?;
+        let spare = buf.spare_capacity_mut();
+        if spare.len() < count {
+            return Err(ShimError {
+                refused: true,
+                message: format!(
+                    "a receive of {count} bytes into a buffer with room for {}",
+                    spare.len()
+                ),
+            });
+        }
+        call(|err, len| {
+            // SAFETY: `spare` is valid for writes of at least `count` bytes for the whole
+            // call, and the shim only writes into the memory it is given.
+            unsafe {
+                rlxmlx_recv(
+                    self.raw,
+                    src,
+                    MlxDtype::U8.code(),
+                    spare.as_mut_ptr().cast(),
+                    count,
+                    err,
+                    len,
+                )
+            }
+        })?;
+        // SAFETY: on success the shim has written all `count` bytes after the initialised
+        // part of `buf`, within its capacity (checked above).
+        unsafe { buf.set_len(buf.len() + count) };
+        Ok(())
+    }
+
     /// In-place all-reduce of `data`.
     pub(crate) fn all_reduce(&self, op: MlxReduce, data: &mut HostArray) -> Result<(), ShimError> {
         call(|err, len| {

@@ -155,62 +155,73 @@ impl ReducePlan {
             });
         }
         let mean = self.reduce == ReduceKind::Mean;
+        if !mean && MlxDtype::of(self.dtype) == Some(self.wire) {
+            data.copy_from_slice(wire);
+            return Ok(());
+        }
         let n = f64::from(world);
-        let out = data.chunks_exact_mut(self.dtype.size());
-        match self.wire {
-            MlxDtype::F32 => {
-                let values = wire.chunks_exact(4).map(|b| {
-                    let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        // Fixed-size elements on both sides, so that every element is moved by value instead
+        // of by a `memcpy` call of a length known only at run time.
+        match (self.wire, self.dtype) {
+            (MlxDtype::F32, dtype) => {
+                let scaled = |b: [u8; 4]| {
+                    let v = f32::from_le_bytes(b);
                     if mean { v / world as f32 } else { v }
-                });
-                for (dst, v) in out.zip(values) {
-                    match self.dtype {
-                        DType::F16 => dst.copy_from_slice(&f16::from_f32(v).to_le_bytes()),
-                        DType::BF16 => dst.copy_from_slice(&bf16::from_f32(v).to_le_bytes()),
-                        _ => dst.copy_from_slice(&v.to_le_bytes()),
+                };
+                match dtype {
+                    DType::F16 => {
+                        map_elements(wire, data, |b| f16::from_f32(scaled(b)).to_le_bytes())
                     }
-                }
-            }
-            MlxDtype::F64 => {
-                for (dst, b) in out.zip(wire.chunks_exact(8)) {
-                    let mut raw = [0u8; 8];
-                    raw.copy_from_slice(b);
-                    let v = f64::from_le_bytes(raw);
-                    dst.copy_from_slice(&(if mean { v / n } else { v }).to_le_bytes());
-                }
-            }
-            MlxDtype::I64 => {
-                for (dst, b) in out.zip(wire.chunks_exact(8)) {
-                    let mut raw = [0u8; 8];
-                    raw.copy_from_slice(b);
-                    let sum = i64::from_le_bytes(raw);
-                    let v = if mean { mean_rounded(sum, world) } else { sum };
-                    match self.dtype {
-                        DType::I8 => dst[0] = v.clamp(i8::MIN.into(), i8::MAX.into()) as i8 as u8,
-                        DType::U8 => dst[0] = v.clamp(0, u8::MAX.into()) as u8,
-                        DType::I32 => dst.copy_from_slice(
-                            &(v.clamp(i32::MIN.into(), i32::MAX.into()) as i32).to_le_bytes(),
-                        ),
-                        _ => dst.copy_from_slice(&v.to_le_bytes()),
+                    DType::BF16 => {
+                        map_elements(wire, data, |b| bf16::from_f32(scaled(b)).to_le_bytes())
                     }
+                    _ => map_elements(wire, data, |b| scaled(b).to_le_bytes()),
                 }
             }
-            _ => {
-                let src = wire.chunks_exact(self.dtype.size());
-                for (dst, b) in out.zip(src) {
-                    dst.copy_from_slice(b);
+            (MlxDtype::F64, _) => map_elements(wire, data, |b| {
+                let v = f64::from_le_bytes(b);
+                (if mean { v / n } else { v }).to_le_bytes()
+            }),
+            (MlxDtype::I64, dtype) => {
+                let reduced = |b: [u8; 8]| {
+                    let sum = i64::from_le_bytes(b);
+                    if mean { mean_rounded(sum, world) } else { sum }
+                };
+                match dtype {
+                    DType::I8 => map_elements(wire, data, |b| {
+                        [reduced(b).clamp(i8::MIN.into(), i8::MAX.into()) as i8 as u8]
+                    }),
+                    DType::U8 => {
+                        map_elements(wire, data, |b| [reduced(b).clamp(0, u8::MAX.into()) as u8])
+                    }
+                    DType::I32 => map_elements(wire, data, |b| {
+                        (reduced(b).clamp(i32::MIN.into(), i32::MAX.into()) as i32).to_le_bytes()
+                    }),
+                    _ => map_elements(wire, data, |b| reduced(b).to_le_bytes()),
                 }
             }
+            _ => data.copy_from_slice(wire),
         }
         Ok(())
     }
 }
 
 impl ReducePlan {
-    /// Combines `other` into `acc`, both wire elements, the way MLX's reduction would: used
-    /// when ranks exchange small buffers directly instead of calling MLX's collective. Every
-    /// rank combines the contributions in rank order, so all get the same bits.
+    /// Combines `other` into `acc` (`acc = acc ⊕ other`), both wire elements, the way MLX's
+    /// reduction would: used when ranks exchange small buffers directly instead of calling
+    /// MLX's collective. Every rank combines the contributions in rank order, so all get the
+    /// same bits.
     pub(crate) fn accumulate(&self, acc: &mut [u8], other: &[u8]) {
+        self.combine_into(acc, other, false);
+    }
+
+    /// Combines the earlier contributions `earlier` into `acc` from the left
+    /// (`acc = earlier ⊕ acc`), keeping rank order when `acc` holds a later rank's elements.
+    pub(crate) fn accumulate_after(&self, acc: &mut [u8], earlier: &[u8]) {
+        self.combine_into(acc, earlier, true);
+    }
+
+    fn combine_into(&self, acc: &mut [u8], other: &[u8], other_first: bool) {
         macro_rules! combine {
             ($t:ty, $n:literal, $from:expr, $to:expr) => {
                 for (a, b) in acc.chunks_exact_mut($n).zip(other.chunks_exact($n)) {
@@ -218,7 +229,10 @@ impl ReducePlan {
                     x.copy_from_slice(a);
                     let mut y = [0u8; $n];
                     y.copy_from_slice(b);
-                    let (x, y): ($t, $t) = ($from(x), $from(y));
+                    let (mut x, mut y): ($t, $t) = ($from(x), $from(y));
+                    if other_first {
+                        std::mem::swap(&mut x, &mut y);
+                    }
                     let v = match self.op {
                         MlxReduce::Sum => x + y,
                         MlxReduce::Max => {
@@ -268,6 +282,20 @@ fn each<const N: usize>(data: &[u8], mut f: impl FnMut([u8; N])) {
         let mut b = [0u8; N];
         b.copy_from_slice(chunk);
         f(b);
+    }
+}
+
+/// Writes `f` of every `I`-byte element of `from` into the `O`-byte elements of `to`, which
+/// hold as many elements.
+fn map_elements<const I: usize, const O: usize>(
+    from: &[u8],
+    to: &mut [u8],
+    f: impl Fn([u8; I]) -> [u8; O],
+) {
+    for (dst, src) in to.chunks_exact_mut(O).zip(from.chunks_exact(I)) {
+        let mut b = [0u8; I];
+        b.copy_from_slice(src);
+        dst.copy_from_slice(&f(b));
     }
 }
 
@@ -340,6 +368,51 @@ mod tests {
             .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
             .collect();
         assert_eq!(acc, expected);
+    }
+
+    /// `accumulate_after` is `accumulate` with the operands' order swapped, down to which of
+    /// two unordered (NaN) operands wins, so ranks that combine from either side agree.
+    #[test]
+    fn accumulating_from_the_left_keeps_the_order() {
+        let nan = f32::NAN.to_le_bytes();
+        let one = 1.0f32.to_le_bytes();
+        for reduce in [ReduceKind::Sum, ReduceKind::Max, ReduceKind::Min] {
+            let plan = ReducePlan::new(DType::F32, reduce).unwrap();
+            for (a, b) in [(nan, one), (one, nan), (one, 2.5f32.to_le_bytes())] {
+                let mut forward = a.to_vec();
+                plan.accumulate(&mut forward, &b);
+                let mut from_left = b.to_vec();
+                plan.accumulate_after(&mut from_left, &a);
+                assert_eq!(forward, from_left, "{reduce}");
+            }
+        }
+    }
+
+    #[test]
+    fn narrowing_in_place_plans_copies_and_means_divide() {
+        let sum = ReducePlan::new(DType::F32, ReduceKind::Sum).unwrap();
+        let wire: Vec<u8> = [3.0f32, -1.5]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let mut out = [0u8; 8];
+        sum.narrow(&wire, &mut out, 2).unwrap();
+        assert_eq!(&out[..], &wire[..]);
+        let mean = ReducePlan::new(DType::F32, ReduceKind::Mean).unwrap();
+        mean.narrow(&wire, &mut out, 2).unwrap();
+        let halves: Vec<u8> = [1.5f32, -0.75]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(&out[..], &halves[..]);
+        let f64_mean = ReducePlan::new(DType::F64, ReduceKind::Mean).unwrap();
+        let mut out = [0u8; 8];
+        f64_mean.narrow(&9.0f64.to_le_bytes(), &mut out, 3).unwrap();
+        assert_eq!(out, 3.0f64.to_le_bytes());
+        assert!(matches!(
+            sum.narrow(&wire[..4], &mut [0u8; 8], 2),
+            Err(CollectiveError::LengthMismatch { .. })
+        ));
     }
 
     #[test]

@@ -269,11 +269,11 @@ pub(crate) fn receive_one(shared: &Shared, index: usize) -> Result<Option<(u64, 
             body.try_reserve_exact(len)
                 .map_err(|_| format!("cannot allocate {len} bytes for a frame from rank {peer}"))?;
             body.extend_from_slice(&first[HEADER_LEN..HEADER_LEN + inline]);
-            body.resize(len, 0);
-            for piece in body[inline..].chunks_mut(PIECE_LEN) {
+            while body.len() < len {
+                let piece = (len - body.len()).min(PIECE_LEN);
                 shared
                     .group
-                    .recv(peer, piece)
+                    .recv_append(peer, &mut body, piece)
                     .map_err(|e| format!("MLX recv from rank {peer} failed: {e}"))?;
             }
             if header.dst != shared.rank {

@@ -37,9 +37,10 @@
 //!   links only once all ranks have announced: by then every rank has issued everything it
 //!   sent before the collective, and what a rank forwards for others is queued ahead of its
 //!   pause frames.
-//! - Small all-reduces skip MLX's collective where every rank is linked: a direct exchange of
-//!   the contributions over the links costs one message instead of a pause and a collective
-//!   (see [`DIRECT_EXCHANGE_MAX`]).
+//! - All-reduces of up to a few MiB skip MLX's collective where every rank is linked: a direct
+//!   exchange of the contributions over the links costs one message instead of a pause and a
+//!   collective, and on a busy machine it avoids MLX's ring waiting for scheduler ticks
+//!   between its busy-polling threads (see [`DIRECT_EXCHANGE_MAX`]).
 //!
 //! No process-wide lock is held across a blocking MLX call: a link's send lock is held while
 //! a frame goes out on that link, and the per-transport collective lock keeps this
@@ -54,10 +55,9 @@
 //! collective; the stuck MLX call is left to the collective thread and the transport is
 //! unusable afterwards.
 
-use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -79,15 +79,18 @@ use crate::progress::{
 };
 use crate::sync::{lock, wait, wait_timeout};
 
-/// All-reduces of at most this many bytes (in the wide type MLX would reduce) run as one
-/// direct exchange over MLX's send/recv when every rank is linked to every other (rings of
-/// two or three ranks, MPI): each rank sends its contribution to all others and combines all
-/// of them in rank order, in the wide type. A native collective first pauses the links (a
-/// small MLX message each way) and then runs MLX's own. Measured on two loopback ranks of a
-/// 2-core machine (f32 sums, best of 5 interleaved runs of 200-call medians, µs, exchange vs
-/// pause + MLX all_sum on idle links): 512 B 28.8 vs 32.1, 32 KiB 57.8 vs 64.5, 256 KiB
-/// 143 vs 105; hence 64 KiB.
-const DIRECT_EXCHANGE_MAX: usize = 64 << 10;
+/// By default, all-reduces whose contribution (in the wide type MLX would reduce), times the
+/// number of other ranks, is at most this many bytes run as one direct exchange over MLX's
+/// send/recv when every rank is linked to every other (rings of two or three ranks, MPI):
+/// each rank sends its contribution to all others and combines all of them in rank order, in
+/// the wide type. A native collective first pauses the links (a small MLX message each way)
+/// and then runs MLX's own. Measured on two loopback ranks of a 2-core machine (f32 sums,
+/// medians of 3 interleaved runs of 200-call medians, ranks bound to a core each, µs,
+/// exchange vs pause + MLX all_sum): 32 KiB 35 vs 51, 256 KiB 81 vs 96, 1 MiB 460 vs 3955,
+/// 2 MiB 1073 vs 7789, 4 MiB 4157 vs 11726, 8 MiB 11933 vs 12117, 16 MiB 24232 vs 19494;
+/// MLX's ring at 1–4 MiB waits for scheduler ticks between its busy-polling threads. Hence
+/// 4 MiB. `RLX_MLX_DIRECT_MAX` or [`MlxTransport::set_direct_exchange_max`] change it.
+const DIRECT_EXCHANGE_MAX: usize = 4 << 20;
 
 /// Phase of the transport-group tags of direct-exchange all-reduces.
 const EXCHANGE_PHASE: u16 = 0xFFFE;
@@ -170,6 +173,8 @@ pub(crate) struct Shared {
     pub(crate) changed: Condvar,
     /// Keeps this process's native collectives one at a time.
     pub(crate) collective: Mutex<()>,
+    /// The direct-exchange limit in bytes (see [`DIRECT_EXCHANGE_MAX`]).
+    pub(crate) direct_max: AtomicUsize,
     /// Sequence number of the next native collective's own messages (a direct exchange's
     /// contributions or an announcement): native collectives are issued in the same order on
     /// every rank, so every rank numbers them alike.
@@ -281,6 +286,17 @@ fn timeout_from_env() -> Result<Duration> {
                     "RLX_TIMEOUT_MS={v:?} is not a number of milliseconds"
                 ))
             }),
+    }
+}
+
+/// The direct-exchange limit from `RLX_MLX_DIRECT_MAX` (bytes), else
+/// [`DIRECT_EXCHANGE_MAX`].
+fn direct_max_from_env() -> Result<usize> {
+    match env_var("RLX_MLX_DIRECT_MAX") {
+        None => Ok(DIRECT_EXCHANGE_MAX),
+        Some(v) => v.trim().parse::<usize>().map_err(|_| {
+            CollectiveError::config(format!("RLX_MLX_DIRECT_MAX={v:?} is not a number of bytes"))
+        }),
     }
 }
 
@@ -430,7 +446,14 @@ impl MlxTransport {
             topology: backend.topology(env_var),
             byte_stream: backend.is_byte_stream(env_var),
         };
-        let transport = Self::start(group, backend, links, op_timeout, world_guard)?;
+        let transport = Self::start(
+            group,
+            backend,
+            links,
+            op_timeout,
+            direct_max_from_env()?,
+            world_guard,
+        )?;
         Ok(transport)
     }
 
@@ -453,6 +476,7 @@ impl MlxTransport {
                 byte_stream: false,
             },
             self.shared.op_timeout,
+            self.shared.direct_max.load(Ordering::Relaxed),
             None,
         )
     }
@@ -462,11 +486,22 @@ impl MlxTransport {
         self.shared.backend
     }
 
+    /// Sets the largest all-reduce that runs as a direct exchange instead of MLX's own
+    /// collective, in bytes of the contribution in the type MLX would reduce times the
+    /// number of other ranks (default 4 MiB, or `RLX_MLX_DIRECT_MAX` at init; 0 sends every
+    /// all-reduce through MLX). Only worlds where every rank is linked to every other
+    /// exchange directly. Every rank must use the same limit: ranks that choose differently
+    /// for one call wait for each other until the operation timeout.
+    pub fn set_direct_exchange_max(&self, bytes: usize) {
+        self.shared.direct_max.store(bytes, Ordering::Relaxed);
+    }
+
     fn start(
         group: Group,
         backend: Backend,
         links: LinkKind,
         op_timeout: Duration,
+        direct_max: usize,
         world_guard: Option<WorldGuard>,
     ) -> Result<MlxTransport> {
         let LinkKind {
@@ -521,6 +556,7 @@ impl MlxTransport {
             }),
             changed: Condvar::new(),
             collective: Mutex::new(()),
+            direct_max: AtomicUsize::new(direct_max),
             native_seq: AtomicU32::new(0),
             next_waiter: AtomicU64::new(0),
             exits: Arc::new(Exits {
@@ -1440,12 +1476,9 @@ impl MlxTransport {
             s.next_native_seq(),
             EXCHANGE_PHASE,
         );
-        // MLX's wire type is the caller's own for in-place plans, which then need no copy.
-        let wire: Cow<'_, [u8]> = if plan.in_place() {
-            Cow::Borrowed(data)
-        } else {
-            Cow::Owned(plan.widen(data))
-        };
+        // MLX's wire type is the caller's own for in-place plans, which are then reduced
+        // straight in the caller's buffer; other plans reduce in a widened copy.
+        let mut widened = (!plan.in_place()).then(|| plan.widen(data));
         let head = encode_descriptor(descriptor);
         s.check_usable()?;
         // The receivers read before anything is sent: then a direct send that waits for the
@@ -1458,32 +1491,26 @@ impl MlxTransport {
                 Some(Demand::register(s, index, from, tag))
             })
             .collect();
-        for &peer in &peers {
-            s.send_directly_up_to(
-                Header {
-                    kind: Kind::Data,
-                    src: s.rank,
-                    dst: peer,
-                    tag: tag.raw(),
-                    len: (head.len() + wire.len()) as u64,
-                },
-                &[&head, &wire],
-                head.len() + DIRECT_EXCHANGE_MAX,
-            )?;
+        {
+            let mine: &[u8] = widened.as_deref().unwrap_or(data);
+            for &peer in &peers {
+                s.send_directly_up_to(
+                    Header {
+                        kind: Kind::Data,
+                        src: s.rank,
+                        dst: peer,
+                        tag: tag.raw(),
+                        len: (head.len() + mine.len()) as u64,
+                    },
+                    &[&head, mine],
+                    usize::MAX,
+                )?;
+            }
         }
         let deadline = Instant::now() + s.op_timeout;
-        // The sum so far, as a buffer and the offset of its elements (a received message
-        // starts with the descriptor).
-        let mut acc: Option<(Vec<u8>, usize)> = None;
-        for from in 0..s.world {
-            if from == s.rank {
-                match acc.as_mut() {
-                    None => acc = Some((wire.to_vec(), 0)),
-                    Some((acc, at)) => plan.accumulate(&mut acc[*at..], &wire),
-                }
-                continue;
-            }
-            let after = s.op_timeout;
+        let wire_len = widened.as_ref().map_or(data.len(), Vec::len);
+        // Takes rank `from`'s contribution (behind its descriptor) once it has arrived.
+        let take = |from: u32| -> Result<Vec<u8>> {
             let message = s
                 .inbox
                 .take(
@@ -1494,20 +1521,41 @@ impl MlxTransport {
                 .ok_or(CollectiveError::Timeout {
                     peer: Some(from),
                     op: "all_reduce",
-                    after,
+                    after: s.op_timeout,
                 })?;
             let theirs = decode_descriptor(&message);
-            if theirs != Some(descriptor) || message.len() != head.len() + wire.len() {
+            if theirs != Some(descriptor) || message.len() != head.len() + wire_len {
                 return Err(s.mismatch("all_reduce", descriptor, from, theirs));
             }
-            match acc.as_mut() {
-                None => acc = Some((message, head.len())),
-                Some((acc, at)) => plan.accumulate(&mut acc[*at..], &message[head.len()..]),
+            Ok(message)
+        };
+        // Every contribution is checked before the caller's buffer is touched, so a failed
+        // exchange leaves it as it was.
+        let mut theirs = Vec::with_capacity(peers.len());
+        for &from in &peers {
+            theirs.push(take(from)?);
+        }
+        let (lower, higher) = theirs.split_at_mut(s.rank as usize);
+        // Rank order without copying this rank's elements: the lower ranks' contributions are
+        // combined in the first one's message, which then goes in front of this rank's; the
+        // higher ranks' follow one by one.
+        if let Some((first, rest)) = lower.split_first_mut() {
+            for message in rest.iter() {
+                plan.accumulate(&mut first[head.len()..], &message[head.len()..]);
             }
         }
-        drop(wire);
-        match acc {
-            Some((acc, at)) => plan.narrow(&acc[at..], data, s.world),
+        let mine: &mut [u8] = match widened.as_mut() {
+            Some(wide) => wide,
+            None => data,
+        };
+        if let Some(first) = lower.first() {
+            plan.accumulate_after(mine, &first[head.len()..]);
+        }
+        for message in higher.iter() {
+            plan.accumulate(mine, &message[head.len()..]);
+        }
+        match widened {
+            Some(wide) => plan.narrow(&wide, data, s.world),
             None => Ok(()),
         }
     }
@@ -1543,7 +1591,10 @@ impl NativeCollectives for MlxTransport {
         })?;
         let desc = descriptor(NativeOp::AllReduce, dtype, Some(reduce), data.len());
         let wire_len = data.len() / dtype.size() * plan.wire.size();
-        if wire_len <= DIRECT_EXCHANGE_MAX && s.links.len() + 1 == s.world as usize {
+        let direct_max = s.direct_max.load(Ordering::Relaxed);
+        if wire_len.saturating_mul(s.world as usize - 1) <= direct_max
+            && s.links.len() + 1 == s.world as usize
+        {
             return self.exchange_all_reduce(data, plan, desc);
         }
         let failed = |e: ShimError| e.into_error("all_reduce");

@@ -34,6 +34,12 @@ impl MlxTransport {
         let _ = op_timeout;
         Self::init(backend)
     }
+
+    /// Has no effect: no value of this type exists in this build.
+    pub fn set_direct_exchange_max(&self, bytes: usize) {
+        let _ = bytes;
+        match self._never {}
+    }
 }
 
 /// Always false: this build has no MLX.

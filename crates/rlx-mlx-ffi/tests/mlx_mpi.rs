@@ -19,7 +19,12 @@ fn mpi_body(t: &MlxTransport) {
     assert_eq!(t.recv_bytes(1 - me, 4).unwrap(), vec![(1 - me) as u8; 1000]);
     let native = t.native_collectives().unwrap();
     let value = |rank: u32, j: usize| ((j * 3 + rank as usize * 7) % 50) as f32 - 20.0;
-    for count in [0usize, 1, 3, 1000, 70_001] {
+    // The default limit exchanges every count directly; then everything through MLX's own.
+    for (count, direct_max) in [0usize, 1, 3, 1000, 70_001]
+        .into_iter()
+        .flat_map(|count| [(count, usize::MAX), (count, 0)])
+    {
+        t.set_direct_exchange_max(direct_max);
         let mut data: Vec<u8> = (0..count)
             .flat_map(|j| f16::from_f32(value(me, j)).to_le_bytes())
             .collect();
@@ -29,7 +34,10 @@ fn mpi_body(t: &MlxTransport) {
         let expected: Vec<u8> = (0..count)
             .flat_map(|j| f16::from_f32(value(0, j) + value(1, j)).to_le_bytes())
             .collect();
-        assert!(data == expected, "sum of {count} f16");
+        assert!(
+            data == expected,
+            "sum of {count} f16 (direct limit {direct_max})"
+        );
     }
     t.barrier().unwrap();
 
@@ -40,6 +48,8 @@ fn mpi_body(t: &MlxTransport) {
     let other = 1 - sub.rank();
     sub.send_bytes(other, 4, &[sub.rank() as u8; 5]).unwrap();
     assert_eq!(sub.recv_bytes(other, 4).unwrap(), vec![other as u8; 5]);
+    // Through MLX's collective on the split group.
+    sub.set_direct_exchange_max(0);
     let mut data = f32::from(sub.rank() as u16 + 1)
         .to_le_bytes()
         .repeat(70_001);

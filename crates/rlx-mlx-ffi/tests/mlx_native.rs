@@ -110,7 +110,15 @@ fn reduce_and_check(
     );
 }
 
+/// The matrix twice: with the default direct-exchange limit (every count here is exchanged
+/// directly where all ranks are linked) and with every all-reduce sent through MLX's own.
 fn matrix(t: &MlxTransport) {
+    matrix_pass(t);
+    t.set_direct_exchange_max(0);
+    matrix_pass(t);
+}
+
+fn matrix_pass(t: &MlxTransport) {
     let native = t
         .native_collectives()
         .expect("MLX offers native collectives");
@@ -268,6 +276,8 @@ fn native_after_routed_traffic_four_ranks() {
 /// link threads while the others take their links directly) must neither swallow collective
 /// bytes nor lose its message.
 fn p2p_around_native(t: &MlxTransport) {
+    // Through MLX's collective, which is what pauses the links.
+    t.set_direct_exchange_max(0);
     let native = t.native_collectives().unwrap();
     let me = t.rank();
     let n = t.world_size();
