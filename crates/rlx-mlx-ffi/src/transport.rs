@@ -84,16 +84,15 @@ use crate::sync::{lock, wait, wait_timeout};
 /// send/recv when every rank is linked to every other (rings of two or three ranks, MPI):
 /// each rank sends its contribution to all others and combines all of them in rank order, in
 /// the wide type. A native collective first pauses the links (a small MLX message each way)
-/// and then runs MLX's own. Measured on two loopback ranks of a 2-core machine (f32 sums,
+/// and then runs MLX's own, whose ring on a busy machine waits for scheduler ticks between
+/// its busy-polling threads. Measured on two loopback ranks of a 2-core machine (f32 sums,
 /// medians of 3 interleaved runs of 200-call medians, ranks bound to a core each, µs,
-/// exchange vs pause + MLX all_sum): 32 KiB 35 vs 51, 256 KiB 81 vs 96, 1 MiB 460 vs 3955,
-/// 2 MiB 1073 vs 7789, 4 MiB 4157 vs 11726, 8 MiB 11933 vs 12117, 16 MiB 24232 vs 19494;
-/// MLX's ring at 1–4 MiB waits for scheduler ticks between its busy-polling threads. Hence
-/// 4 MiB. `RLX_MLX_DIRECT_MAX` or [`MlxTransport::set_direct_exchange_max`] change it.
-const DIRECT_EXCHANGE_MAX: usize = 4 << 20;
-
-/// Phase of the transport-group tags of direct-exchange all-reduces.
-const EXCHANGE_PHASE: u16 = 0xFFFE;
+/// exchange vs pause + MLX all_sum): 32 KiB 37.5 vs 53.4, 256 KiB 90 vs 101, 1 MiB 696 vs
+/// 4927, 2 MiB 939 vs 7725, 4 MiB 3281 vs 11853, 8 MiB 6757 vs 10333, 16 MiB 13142 vs
+/// 20014, 64 MiB 71170 vs 73994 (earlier runs: 81 ms vs 72 ms). Hence 16 MiB; the exchange
+/// also holds every peer's contribution at once. `RLX_MLX_DIRECT_MAX` or
+/// [`MlxTransport::set_direct_exchange_max`] change it.
+const DIRECT_EXCHANGE_MAX: usize = 16 << 20;
 
 /// Phase of the transport-group tags of native-collective announcements (see the module
 /// docs).
@@ -488,7 +487,7 @@ impl MlxTransport {
 
     /// Sets the largest all-reduce that runs as a direct exchange instead of MLX's own
     /// collective, in bytes of the contribution in the type MLX would reduce times the
-    /// number of other ranks (default 4 MiB, or `RLX_MLX_DIRECT_MAX` at init; 0 sends every
+    /// number of other ranks (default 16 MiB, or `RLX_MLX_DIRECT_MAX` at init; 0 sends every
     /// all-reduce through MLX). Only worlds where every rank is linked to every other
     /// exchange directly. Every rank must use the same limit: ranks that choose differently
     /// for one call wait for each other until the operation timeout.
@@ -1460,9 +1459,14 @@ fn check_elements(what: &str, len: usize, dtype: DType) -> Result<usize> {
 }
 
 impl MlxTransport {
-    /// A small all-reduce as one direct exchange (see [`DIRECT_EXCHANGE_MAX`]): the
-    /// contribution travels behind the operation's descriptor, so a rank that called a
-    /// different operation fails with `InvalidArgument` instead of mixing data.
+    /// An all-reduce as one direct exchange (see [`DIRECT_EXCHANGE_MAX`]): every rank sends
+    /// its contribution to every other in pieces (see [`exchange_pieces`]), the first behind
+    /// the operation's descriptor, so a rank that called a different operation fails with
+    /// `InvalidArgument` instead of mixing data. The pieces go in lockstep: a rank sends its
+    /// next piece once it holds every peer's previous one. What is in flight then always fits
+    /// the sockets' buffers, so no MLX send spins on a full socket while the receive it
+    /// depends on waits for the core (on a small machine each such wait costs a scheduler
+    /// tick), and a mismatched call leaves nothing behind in the peers' inboxes.
     fn exchange_all_reduce(
         &self,
         data: &mut [u8],
@@ -1471,14 +1475,16 @@ impl MlxTransport {
     ) -> Result<()> {
         let s = &self.shared;
         let _one_at_a_time = lock(&s.collective);
-        let tag = Tag::op(
-            rlx_transport::TRANSPORT_GROUP,
-            s.next_native_seq(),
-            EXCHANGE_PHASE,
-        );
+        let seq = s.next_native_seq();
         // MLX's wire type is the caller's own for in-place plans, which are then reduced
         // straight in the caller's buffer; other plans reduce in a widened copy.
         let mut widened = (!plan.in_place()).then(|| plan.widen(data));
+        let wire_len = widened.as_ref().map_or(data.len(), Vec::len);
+        let pieces = exchange_pieces(wire_len, plan.wire.size());
+        let tag = |piece: usize| {
+            // At most `MAX_EXCHANGE_PIECES`, so the phase never reaches the reserved ones.
+            Tag::op(rlx_transport::TRANSPORT_GROUP, seq, piece as u16)
+        };
         let head = encode_descriptor(descriptor);
         s.check_usable()?;
         // The receivers read before anything is sent: then a direct send that waits for the
@@ -1486,36 +1492,43 @@ impl MlxTransport {
         let peers: Vec<u32> = (0..s.world).filter(|&p| p != s.rank).collect();
         let _demands: Vec<Demand<'_>> = peers
             .iter()
-            .filter_map(|&from| {
-                let index = s.link_index(s.last_hop_from(from))?;
-                Some(Demand::register(s, index, from, tag))
+            .filter_map(|&from| Some((s.link_index(s.last_hop_from(from))?, from)))
+            .flat_map(|(index, from)| {
+                (0..pieces.len()).map(move |piece| Demand::register(s, index, from, tag(piece)))
             })
             .collect();
-        {
+        let send_piece = |piece: usize| -> Result<()> {
             let mine: &[u8] = widened.as_deref().unwrap_or(data);
+            let body = &mine[pieces[piece].clone()];
+            let parts: [&[u8]; 2] = if piece == 0 {
+                [&head, body]
+            } else {
+                [&[], body]
+            };
             for &peer in &peers {
                 s.send_directly_up_to(
                     Header {
                         kind: Kind::Data,
                         src: s.rank,
                         dst: peer,
-                        tag: tag.raw(),
-                        len: (head.len() + mine.len()) as u64,
+                        tag: tag(piece).raw(),
+                        len: (parts[0].len() + body.len()) as u64,
                     },
-                    &[&head, mine],
+                    &parts,
                     usize::MAX,
                 )?;
             }
-        }
+            Ok(())
+        };
         let deadline = Instant::now() + s.op_timeout;
-        let wire_len = widened.as_ref().map_or(data.len(), Vec::len);
-        // Takes rank `from`'s contribution (behind its descriptor) once it has arrived.
-        let take = |from: u32| -> Result<Vec<u8>> {
-            let message = s
+        // Takes rank `from`'s piece `piece` once it has arrived and checks its length (and for
+        // the first, the descriptor in front of it, which is then cut off).
+        let take = |from: u32, piece: usize| -> Result<Vec<u8>> {
+            let mut message = s
                 .inbox
                 .take(
                     from,
-                    tag,
+                    tag(piece),
                     deadline.saturating_duration_since(Instant::now()),
                 )?
                 .ok_or(CollectiveError::Timeout {
@@ -1523,40 +1536,82 @@ impl MlxTransport {
                     op: "all_reduce",
                     after: s.op_timeout,
                 })?;
-            let theirs = decode_descriptor(&message);
-            if theirs != Some(descriptor) || message.len() != head.len() + wire_len {
-                return Err(s.mismatch("all_reduce", descriptor, from, theirs));
+            let expected = pieces[piece].len();
+            if piece == 0 {
+                let theirs = decode_descriptor(&message);
+                if theirs != Some(descriptor) || message.len() != head.len() + expected {
+                    return Err(s.mismatch("all_reduce", descriptor, from, theirs));
+                }
+                message.drain(..head.len());
+            } else if message.len() != expected {
+                return Err(CollectiveError::protocol(
+                    Some(from),
+                    format!(
+                        "piece {piece} of a direct all-reduce has {} bytes, not {expected}",
+                        message.len()
+                    ),
+                ));
             }
             Ok(message)
         };
         // Every contribution is checked before the caller's buffer is touched, so a failed
-        // exchange leaves it as it was.
-        let mut theirs = Vec::with_capacity(peers.len());
-        for &from in &peers {
-            theirs.push(take(from)?);
-        }
-        let (lower, higher) = theirs.split_at_mut(s.rank as usize);
-        // Rank order without copying this rank's elements: the lower ranks' contributions are
-        // combined in the first one's message, which then goes in front of this rank's; the
-        // higher ranks' follow one by one.
-        if let Some((first, rest)) = lower.split_first_mut() {
-            for message in rest.iter() {
-                plan.accumulate(&mut first[head.len()..], &message[head.len()..]);
+        // exchange leaves it as it was. `theirs[p][k]` is piece k of the p-th peer.
+        let mut theirs: Vec<Vec<Vec<u8>>> = vec![Vec::with_capacity(pieces.len()); peers.len()];
+        for piece in 0..pieces.len() {
+            send_piece(piece)?;
+            for (p, &from) in peers.iter().enumerate() {
+                theirs[p].push(take(from, piece)?);
             }
         }
+        let (lower, higher) = theirs.split_at_mut(s.rank as usize);
         let mine: &mut [u8] = match widened.as_mut() {
             Some(wide) => wide,
             None => data,
         };
-        if let Some(first) = lower.first() {
-            plan.accumulate_after(mine, &first[head.len()..]);
-        }
-        for message in higher.iter() {
-            plan.accumulate(mine, &message[head.len()..]);
+        for (piece, range) in pieces.iter().enumerate() {
+            // Rank order without copying this rank's elements: the lower ranks' pieces are
+            // combined in the first one's, which then goes in front of this rank's; the
+            // higher ranks' follow one by one.
+            if let Some((first, rest)) = lower.split_first_mut() {
+                for other in rest.iter() {
+                    plan.accumulate(&mut first[piece], &other[piece]);
+                }
+                plan.accumulate_after(&mut mine[range.clone()], &first[piece]);
+            }
+            for other in higher.iter() {
+                plan.accumulate(&mut mine[range.clone()], &other[piece]);
+            }
         }
         match widened {
             Some(wide) => plan.narrow(&wide, data, s.world),
             None => Ok(()),
+        }
+    }
+}
+
+/// Wire bytes of each piece of a direct exchange (more for exchanges so large that they
+/// would need more than [`MAX_EXCHANGE_PIECES`]). Measured as for [`DIRECT_EXCHANGE_MAX`]
+/// (µs, pieces of 128 KiB / 256 KiB / 1 MiB): 1 MiB 814 / 615 / 404, 2 MiB 1195 / 988 /
+/// 1111, 16 MiB 16725 / 16100 / 17198, 64 MiB 93415 / 81242 / 83970.
+const EXCHANGE_PIECE: usize = 256 << 10;
+
+/// The most pieces one direct exchange is cut into (each piece has a tag phase of its own,
+/// below the reserved phases).
+const MAX_EXCHANGE_PIECES: usize = 4096;
+
+/// The byte ranges of the pieces a direct exchange of `len` wire bytes of `element`-byte
+/// elements is sent in: at least one (possibly empty), each a whole number of elements.
+fn exchange_pieces(len: usize, element: usize) -> Vec<std::ops::Range<usize>> {
+    let piece = EXCHANGE_PIECE.max(len.div_ceil(MAX_EXCHANGE_PIECES));
+    let piece = piece.div_ceil(element) * element;
+    let mut pieces = Vec::with_capacity(len.div_ceil(piece).max(1));
+    let mut at = 0;
+    loop {
+        let end = (at + piece).min(len);
+        pieces.push(at..end);
+        at = end;
+        if at == len {
+            return pieces;
         }
     }
 }
@@ -1744,5 +1799,43 @@ impl Drop for MlxTransport {
             "rank {} dropped its MLX transport",
             self.shared.rank
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exchange_pieces_cover_the_buffer_in_whole_elements() {
+        assert_eq!(exchange_pieces(0, 4), vec![0..0]);
+        assert_eq!(exchange_pieces(12, 4), vec![0..12]);
+        assert_eq!(
+            exchange_pieces(2 * EXCHANGE_PIECE + 8, 8),
+            vec![
+                0..EXCHANGE_PIECE,
+                EXCHANGE_PIECE..2 * EXCHANGE_PIECE,
+                2 * EXCHANGE_PIECE..2 * EXCHANGE_PIECE + 8,
+            ]
+        );
+        for (len, element) in [
+            (4 << 20, 4),
+            (3 * 1_000_003, 3),
+            (1 << 34, 8),
+            (70_001 * 2, 2),
+        ] {
+            let pieces = exchange_pieces(len, element);
+            assert!(
+                pieces.len() <= MAX_EXCHANGE_PIECES,
+                "{len}: {} pieces",
+                pieces.len()
+            );
+            assert_eq!(pieces[0].start, 0);
+            assert_eq!(pieces.last().unwrap().end, len);
+            for pair in pieces.windows(2) {
+                assert_eq!(pair[0].end, pair[1].start);
+                assert_eq!(pair[0].len() % element, 0, "{len}: {pair:?}");
+            }
+        }
     }
 }

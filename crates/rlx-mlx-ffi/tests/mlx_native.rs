@@ -13,6 +13,9 @@ use rlx_transport::{CollectiveError, DType, NativeCollectives, NativeOp, ReduceK
 
 const COUNTS: [usize; 5] = [0, 1, 3, 1000, 70_001];
 
+/// A count whose f32 all-reduce is still exchanged directly by default, in several pieces.
+const LARGE: usize = 600_001;
+
 /// Rank `rank`'s `j`-th element, as an exactly representable small value (large ones for the
 /// integer types, so that sums saturate).
 fn value(rank: u32, j: usize, dtype: DType) -> f64 {
@@ -169,14 +172,24 @@ fn matrix_pass(t: &MlxTransport) {
         ran >= 7 * 4 * COUNTS.len(),
         "only {ran} native all-reduces ran"
     );
+    // Large enough for a direct exchange to go out in several pieces, some sent ahead.
+    for (dtype, reduce) in [
+        (DType::F32, ReduceKind::Sum),
+        (DType::F16, ReduceKind::Mean),
+        (DType::I32, ReduceKind::Max),
+    ] {
+        reduce_and_check(native, me, n, LARGE, dtype, reduce);
+    }
 
     // A rank passing a different length fails on every rank, and the next call still works.
-    let mut data = vec![0u8; 4 * (1 + (me as usize % 2))];
-    let mismatch = native.all_reduce(&mut data, DType::F32, ReduceKind::Sum);
-    assert!(
-        matches!(mismatch, Err(CollectiveError::InvalidArgument { .. })),
-        "{mismatch:?}"
-    );
+    for count in [1, LARGE] {
+        let mut data = vec![0u8; 4 * (count + (me as usize % 2))];
+        let mismatch = native.all_reduce(&mut data, DType::F32, ReduceKind::Sum);
+        assert!(
+            matches!(mismatch, Err(CollectiveError::InvalidArgument { .. })),
+            "{mismatch:?}"
+        );
+    }
     let mut data = 1.0f32.to_le_bytes().to_vec();
     native
         .all_reduce(&mut data, DType::F32, ReduceKind::Sum)
