@@ -1131,7 +1131,11 @@ impl Engine {
                 let slot = &mut st.peers[rank as usize].links[k];
                 slot.holder = Holder::Free;
                 slot.wanted = false;
-                let _ = now;
+                // The link carries traffic: the watcher leaves it to the callers for a while.
+                // Otherwise a caller whose messages the watcher delivered (and so never held
+                // the link, never refreshing this) would find the watcher back on the link at
+                // once, and every later message would take the watcher's hand-off.
+                slot.released_at = now;
             }
             for peer in st.peers.iter_mut() {
                 peer.drop_arriving_if_lost();
@@ -1200,9 +1204,16 @@ impl Engine {
                 .collect();
             {
                 let mut st = lock(&self.state);
+                let now = Instant::now();
                 for &(rank, k) in &idle {
-                    st.peers[rank as usize].links[k].holder = Holder::Free;
-                    st.peers[rank as usize].links[k].wanted = false;
+                    let slot = &mut st.peers[rank as usize].links[k];
+                    slot.holder = Holder::Free;
+                    // A caller kicked the watcher for this link: it gets its turn before the
+                    // watcher's next round could take the link back.
+                    if slot.wanted {
+                        slot.released_at = now;
+                    }
+                    slot.wanted = false;
                 }
             }
             if !idle.is_empty() {
