@@ -278,23 +278,34 @@ impl Group {
         })
     }
 
-    /// Receives exactly `data.len()` bytes from `src` into `data`.
-    pub(crate) fn recv(&self, src: u32, data: &mut [u8]) -> Result<(), ShimError> {
+    /// Receives exactly `len` bytes from `src` into the memory at `dst`; the shim writes only
+    /// there.
+    ///
+    /// # Safety
+    ///
+    /// `dst` must be valid for writes of `len` bytes for the whole call.
+    unsafe fn recv_raw(&self, src: u32, dst: *mut u8, len: usize) -> Result<(), ShimError> {
         let src = rank_arg(src)?;
-        call(|err, len| {
-            // SAFETY: `data` is valid for writes of `data.len()` bytes for the whole call.
+        call(|err, err_len| {
+            // SAFETY: the caller guarantees `dst`; `err` holds `err_len` bytes.
             unsafe {
                 rlxmlx_recv(
                     self.raw,
                     src,
                     MlxDtype::U8.code(),
-                    data.as_mut_ptr().cast(),
-                    data.len(),
-                    err,
+                    dst.cast(),
                     len,
+                    err,
+                    err_len,
                 )
             }
         })
+    }
+
+    /// Receives exactly `data.len()` bytes from `src` into `data`.
+    pub(crate) fn recv(&self, src: u32, data: &mut [u8]) -> Result<(), ShimError> {
+        // SAFETY: `data` is valid for writes of `data.len()` bytes for the whole call.
+        unsafe { self.recv_raw(src, data.as_mut_ptr(), data.len()) }
     }
 
     /// Receives `count` bytes from `src` and appends them to `buf` (whose capacity must
@@ -305,7 +316,6 @@ impl Group {
         buf: &mut Vec<u8>,
         count: usize,
     ) -> Result<(), ShimError> {
-        let src = rank_arg(src)?;
         let spare = buf.spare_capacity_mut();
         if spare.len() < count {
             return Err(ShimError {
@@ -316,21 +326,8 @@ impl Group {
                 ),
             });
         }
-        call(|err, len| {
-            // SAFETY: `spare` is valid for writes of at least `count` bytes for the whole
-            // call, and the shim only writes into the memory it is given.
-            unsafe {
-                rlxmlx_recv(
-                    self.raw,
-                    src,
-                    MlxDtype::U8.code(),
-                    spare.as_mut_ptr().cast(),
-                    count,
-                    err,
-                    len,
-                )
-            }
-        })?;
+        // SAFETY: `spare` is valid for writes of at least `count` bytes for the whole call.
+        unsafe { self.recv_raw(src, spare.as_mut_ptr().cast(), count) }?;
         // SAFETY: on success the shim has written all `count` bytes after the initialised
         // part of `buf`, within its capacity (checked above).
         unsafe { buf.set_len(buf.len() + count) };

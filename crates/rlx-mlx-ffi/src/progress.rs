@@ -129,8 +129,14 @@ pub(crate) fn sender_loop(shared: &Shared, index: usize) {
         let Some(item) = lock(&link.queue).pop_front() else {
             continue;
         };
-        if lock(&shared.state).dead[index].is_some() {
-            return;
+        {
+            let state = lock(&shared.state);
+            // A peer that said goodbye first waits for this rank's goodbye; nothing else goes
+            // out on a dead link.
+            let farewell = matches!(item, Outgoing::Bye) && state.peer_left[index];
+            if state.dead[index].is_some() && !farewell {
+                return;
+            }
         }
         match item {
             Outgoing::Frame(header, body) => {
@@ -259,7 +265,10 @@ pub(crate) fn receive_one(shared: &Shared, index: usize) -> Result<Option<(u64, 
     let header =
         Header::decode(&head, peer, shared.world, MAX_MESSAGE_LEN).map_err(|e| e.to_string())?;
     match header.kind {
-        Kind::Bye => Err(format!("rank {peer} closed its MLX transport")),
+        Kind::Bye => {
+            lock(&shared.state).peer_left[index] = true;
+            Err(format!("rank {peer} closed its MLX transport"))
+        }
         Kind::Pause => Ok(Some((header.tag, header.len))),
         Kind::Data | Kind::Failure => {
             let len = usize::try_from(header.body_len())

@@ -69,7 +69,7 @@ use rlx_transport::{
 };
 
 use crate::backend::{Backend, Topology};
-use crate::ffi::{self, Group, MAX_SEND_PARTS, ShimError};
+use crate::ffi::{self, Group, HostArray, MAX_SEND_PARTS, ShimError};
 use crate::frame::{HEADER_LEN, Header, Kind};
 use crate::native::{MlxDtype, MlxReduce, ReducePlan};
 use crate::pool::ArrayPool;
@@ -118,6 +118,9 @@ pub(crate) struct State {
     pub(crate) broken: Option<String>,
     /// Per link: why it is dead, once it is.
     pub(crate) dead: Vec<Option<String>>,
+    /// Per link: whether it died because the peer said goodbye (it then still waits for this
+    /// rank's goodbye, which must go out).
+    pub(crate) peer_left: Vec<bool>,
     /// Bumped when a native collective ends, releasing the paused link threads.
     pub(crate) epoch: u64,
     /// Per link: whether its sender has sent its pause and is waiting.
@@ -542,6 +545,7 @@ impl MlxTransport {
                 closing: false,
                 broken: None,
                 dead: vec![None; n],
+                peer_left: vec![false; n],
                 epoch: 0,
                 sender_paused: vec![false; n],
                 peer_paused: vec![None; n],
@@ -1459,6 +1463,46 @@ fn check_elements(what: &str, len: usize, dtype: DType) -> Result<usize> {
 }
 
 impl MlxTransport {
+    /// Runs the native collective `run` from an MLX array holding `input` (elements of
+    /// `in_dtype`) into one of `out_count` elements of `out_dtype`, and reads the result into
+    /// `result`. With nothing to move, the ranks still pause and check that they agree on the
+    /// call.
+    fn native_in_to_out(
+        &self,
+        op: &'static str,
+        desc: Descriptor,
+        (in_dtype, input): (MlxDtype, &[u8]),
+        (out_dtype, out_count): (MlxDtype, usize),
+        result: &mut [u8],
+        run: fn(&Group, &HostArray, &mut HostArray) -> Result<(), ShimError>,
+    ) -> Result<()> {
+        let s = &self.shared;
+        let failed = |e: ShimError| e.into_error(op);
+        let arrays = if input.is_empty() || out_count == 0 {
+            None
+        } else {
+            Some((
+                s.arrays.filled(in_dtype, input).map_err(failed)?,
+                s.arrays.blank(out_dtype, out_count).map_err(failed)?,
+            ))
+        };
+        let done = s.native(op, desc, move |g| {
+            let Some((input, mut output)) = arrays else {
+                return Ok(None);
+            };
+            match run(g, &input, &mut output) {
+                Ok(()) => Ok(Some((input, output))),
+                Err(e) => Err(abandon_on_failure(e, (input, output))),
+            }
+        })?;
+        if let Some((input, output)) = done {
+            output.read_into(result).map_err(failed)?;
+            s.arrays.give_back(input);
+            s.arrays.give_back(output);
+        }
+        Ok(())
+    }
+
     /// An all-reduce as one direct exchange (see [`DIRECT_EXCHANGE_MAX`]): every rank sends
     /// its contribution to every other in pieces (see [`exchange_pieces`]), the first behind
     /// the operation's descriptor, so a rank that called a different operation fails with
@@ -1698,31 +1742,15 @@ impl NativeCollectives for MlxTransport {
         }
         check_elements("all_gather output", out.len(), DType::U8)?;
         let desc = descriptor(NativeOp::AllGather, dtype, None, local.len());
-        let failed = |e: ShimError| e.into_error("all_gather");
         // Gathers move bytes, so they travel as MLX uint8 whatever the dtype.
-        let arrays = if local.is_empty() {
-            None
-        } else {
-            Some((
-                s.arrays.filled(MlxDtype::U8, local).map_err(failed)?,
-                s.arrays.blank(MlxDtype::U8, out.len()).map_err(failed)?,
-            ))
-        };
-        let gathered = s.native("all_gather", desc, move |g| {
-            let Some((local, mut gathered)) = arrays else {
-                return Ok(None);
-            };
-            match g.all_gather(&local, &mut gathered) {
-                Ok(()) => Ok(Some((local, gathered))),
-                Err(e) => Err(abandon_on_failure(e, (local, gathered))),
-            }
-        })?;
-        if let Some((local, gathered)) = gathered {
-            gathered.read_into(out).map_err(failed)?;
-            s.arrays.give_back(local);
-            s.arrays.give_back(gathered);
-        }
-        Ok(())
+        self.native_in_to_out(
+            "all_gather",
+            desc,
+            (MlxDtype::U8, local),
+            (MlxDtype::U8, out.len()),
+            out,
+            Group::all_gather,
+        )
     }
 
     fn reduce_scatter(
@@ -1749,34 +1777,16 @@ impl NativeCollectives for MlxTransport {
             })?;
         check_elements("reduce_scatter input", input.len(), dtype)?;
         let desc = descriptor(NativeOp::ReduceScatter, dtype, Some(reduce), input.len());
-        let failed = |e: ShimError| e.into_error("reduce_scatter");
         let count = out.len() / dtype.size();
-        let arrays = if out.is_empty() {
-            None
-        } else {
-            Some((
-                s.arrays
-                    .filled(plan.wire, &plan.widen(input))
-                    .map_err(failed)?,
-                s.arrays.blank(plan.wire, count).map_err(failed)?,
-            ))
-        };
-        let block = s.native("reduce_scatter", desc, move |g| {
-            let Some((input, mut block)) = arrays else {
-                return Ok(None);
-            };
-            match g.sum_scatter(&input, &mut block) {
-                Ok(()) => Ok(Some((input, block))),
-                Err(e) => Err(abandon_on_failure(e, (input, block))),
-            }
-        })?;
-        let Some((input, block)) = block else {
-            return Ok(());
-        };
-        let mut wire = vec![0u8; block.nbytes()];
-        block.read_into(&mut wire).map_err(failed)?;
-        s.arrays.give_back(input);
-        s.arrays.give_back(block);
+        let mut wire = vec![0u8; count * plan.wire.size()];
+        self.native_in_to_out(
+            "reduce_scatter",
+            desc,
+            (plan.wire, &plan.widen(input)),
+            (plan.wire, count),
+            &mut wire,
+            Group::sum_scatter,
+        )?;
         plan.narrow(&wire, out, s.world)
     }
 }
