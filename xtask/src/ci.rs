@@ -7,7 +7,7 @@ use std::process::Command;
 
 use crate::cluster::ClusterArgs;
 use crate::cmd::{cargo, run_step, workspace_root};
-use crate::world::TransportKind;
+use crate::world::{TransportKind, WorldArgs};
 use crate::{bench, cluster, loom};
 
 /// Flags of `cargo xtask ci`.
@@ -83,7 +83,7 @@ fn clusters() -> Result<(), String> {
         "4 threads over MemTransport".to_owned(),
         ClusterArgs {
             ranks: 4,
-            transport: TransportKind::Mem,
+            world: WorldArgs::over(TransportKind::Mem),
             ..ClusterArgs::ci()
         },
     ));
@@ -103,8 +103,10 @@ fn clusters() -> Result<(), String> {
             "4 Thunderbolt ranks in network namespaces".to_owned(),
             ClusterArgs {
                 ranks: 4,
-                transport: TransportKind::Tb,
-                netns: true,
+                world: WorldArgs {
+                    netns: true,
+                    ..WorldArgs::over(TransportKind::Tb)
+                },
                 ..ClusterArgs::ci()
             },
         ));
@@ -163,7 +165,7 @@ fn mlx(root: &Path) -> Result<(), String> {
     eprintln!("\n==> test-cluster: 2 ranks over MLX's ring, the quick case list");
     cluster::run(&ClusterArgs {
         ranks: 2,
-        transport: TransportKind::Mlx,
+        world: WorldArgs::over(TransportKind::Mlx),
         ..ClusterArgs::ci()
     })
     .map_err(|e| format!("test-cluster (mlx): {e}"))

@@ -8,7 +8,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use clap::ValueEnum;
+use clap::{Args, ValueEnum};
 
 use crate::cmd::{cargo, workspace_root};
 use crate::launch::{self, ChildSpec};
@@ -93,6 +93,56 @@ pub(crate) struct WorldConfig {
     pub(crate) netns: bool,
     /// A `tbf` rate for the namespace links (`"20gbit"`), with `netns`.
     pub(crate) rate: Option<String>,
+}
+
+/// The flags that choose a local job's world, shared by `test-cluster` and `bench`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct WorldArgs {
+    /// Transport the ranks talk over (`mem`: every rank a thread of one process).
+    #[arg(long, value_enum, default_value_t = TransportKind::Tcp)]
+    pub(crate) transport: TransportKind,
+    /// How socket ranks find each other.
+    #[arg(long, value_enum, default_value_t = Rendezvous::Store)]
+    pub(crate) rendezvous: Rendezvous,
+    /// Run each rank in its own network namespace, joined by veth links named thunderbolt0
+    /// (needs root).
+    #[arg(long)]
+    pub(crate) netns: bool,
+    /// With --netns: a tbf rate limit on every link (e.g. 20gbit, Thunderbolt 4's TCP rate).
+    #[arg(long, requires = "netns")]
+    pub(crate) rate: Option<String>,
+}
+
+impl WorldArgs {
+    /// The defaults: TCP ranks on this host that meet at a rank-0 store.
+    pub(crate) fn tcp() -> WorldArgs {
+        WorldArgs {
+            transport: TransportKind::Tcp,
+            rendezvous: Rendezvous::Store,
+            netns: false,
+            rate: None,
+        }
+    }
+
+    /// `transport` instead of TCP, the rest as [`WorldArgs::tcp`].
+    pub(crate) fn over(transport: TransportKind) -> WorldArgs {
+        WorldArgs {
+            transport,
+            ..WorldArgs::tcp()
+        }
+    }
+
+    /// The world of `size` ranks these flags describe.
+    pub(crate) fn config(&self, size: u32, timeout_ms: Option<u64>) -> WorldConfig {
+        WorldConfig {
+            transport: self.transport,
+            size,
+            rendezvous: self.rendezvous,
+            timeout_ms,
+            netns: self.netns,
+            rate: self.rate.clone(),
+        }
+    }
 }
 
 /// A prepared world: ports chosen, hostfile written, namespaces created. Dropping it removes

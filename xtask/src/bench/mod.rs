@@ -22,7 +22,7 @@ use clap::Args;
 use rlx_collective::{DType, ReduceKind};
 use serde::Serialize;
 
-use crate::world::{self, Rendezvous, TransportKind, World, WorldConfig};
+use crate::world::{self, World, WorldArgs};
 use measure::{BenchOp, Reply, Step};
 use systems::{Started, System};
 
@@ -57,18 +57,9 @@ pub(crate) struct BenchArgs {
     /// Number of ranks.
     #[arg(long, default_value_t = 2)]
     pub(crate) ranks: u32,
-    /// Transport of RLX's ranks.
-    #[arg(long, value_enum, default_value_t = TransportKind::Tcp)]
-    pub(crate) transport: TransportKind,
-    /// How socket ranks find each other.
-    #[arg(long, value_enum, default_value_t = Rendezvous::Store)]
-    pub(crate) rendezvous: Rendezvous,
-    /// Run RLX's ranks in network namespaces joined by thunderbolt0 veth links (root).
-    #[arg(long)]
-    pub(crate) netns: bool,
-    /// With --netns: a tbf rate limit on every link (e.g. 20gbit).
-    #[arg(long, requires = "netns")]
-    pub(crate) rate: Option<String>,
+    /// Transport, rendezvous and namespaces of RLX's ranks.
+    #[command(flatten)]
+    pub(crate) world: WorldArgs,
     /// Force algorithms, as OP=ALGORITHM[,...] (e.g. all_reduce=ring).
     #[arg(long, default_value = "")]
     pub(crate) algorithm: String,
@@ -100,10 +91,7 @@ impl BenchArgs {
             dtype: "all".to_owned(),
             redop: "all".to_owned(),
             ranks: 3,
-            transport: TransportKind::Tcp,
-            rendezvous: Rendezvous::Store,
-            netns: false,
-            rate: None,
+            world: WorldArgs::tcp(),
             algorithm: String::new(),
             budget: "1G".to_owned(),
             json: None,
@@ -190,22 +178,15 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
         }
     }
 
-    let config = WorldConfig {
-        transport: args.transport,
-        size: args.ranks,
-        rendezvous: args.rendezvous,
-        timeout_ms: None,
-        netns: args.netns,
-        rate: args.rate.clone(),
-    };
+    let config = args.world.config(args.ranks, None);
     config.validate()?;
     // Build first: a long build must not hold network namespaces or ports.
-    let binary = world::rank_binary(args.transport)?;
+    let binary = world::rank_binary(args.world.transport)?;
     let world = World::prepare(&config)?;
     let rank_args = vec![
         "__bench-rank".to_owned(),
         "--transport".to_owned(),
-        args.transport.name().to_owned(),
+        args.world.transport.name().to_owned(),
         "--ranks".to_owned(),
         args.ranks.to_string(),
         "--algorithm".to_owned(),
@@ -274,7 +255,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
         let title = format!(
             "busbw, {} ranks ({} transport for rlx)",
             args.ranks,
-            args.transport.name()
+            args.world.transport.name()
         );
         plot::draw(path, &title, &series, ceiling)?;
         println!("# wrote {}", path.display());
@@ -627,8 +608,8 @@ fn write_json(
 ) -> Result<(), String> {
     let doc = serde_json::json!({
         "ranks": args.ranks,
-        "transport": args.transport.name(),
-        "netns": args.netns,
+        "transport": args.world.transport.name(),
+        "netns": args.world.netns,
         "iters": args.iters,
         "warmup": args.warmup,
         "budget_bytes": measure::parse_size(&args.budget)?,

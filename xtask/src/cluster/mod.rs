@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 
 use crate::launch::{ChildSpec, Job, Output, Stream};
-use crate::world::{self, Rendezvous, TransportKind, World, WorldConfig};
+use crate::world::{self, TransportKind, World, WorldArgs};
 use events::{CaseRecord, ErrorRecord, Event};
 use fault::{Fault, FaultKind, Target};
 use progress::Progress;
@@ -31,19 +31,9 @@ pub(crate) struct ClusterArgs {
     /// Number of ranks.
     #[arg(short = 'n', long = "ranks", default_value_t = 4)]
     pub(crate) ranks: u32,
-    /// Transport the ranks talk over (`mem`: every rank a thread of one process).
-    #[arg(long, value_enum, default_value_t = TransportKind::Tcp)]
-    pub(crate) transport: TransportKind,
-    /// How socket ranks find each other.
-    #[arg(long, value_enum, default_value_t = Rendezvous::Store)]
-    pub(crate) rendezvous: Rendezvous,
-    /// Run each rank in its own network namespace, joined by veth links named thunderbolt0
-    /// (needs root).
-    #[arg(long)]
-    pub(crate) netns: bool,
-    /// With --netns: a tbf rate limit on every link (e.g. 20gbit, Thunderbolt 4's TCP rate).
-    #[arg(long, requires = "netns")]
-    pub(crate) rate: Option<String>,
+    /// Transport, rendezvous and namespaces of RLX's ranks.
+    #[command(flatten)]
+    pub(crate) world: WorldArgs,
     /// Kill rank RANK (SIGKILL) at POINT: a case index, OP or OP:NTH for the start of the NTH
     /// (from 0, the default) group of collective OP, a group being one dtype and size (e.g.
     /// 2@all_reduce:3).
@@ -82,10 +72,7 @@ impl ClusterArgs {
     pub(crate) fn ci() -> ClusterArgs {
         ClusterArgs {
             ranks: 3,
-            transport: TransportKind::Tcp,
-            rendezvous: Rendezvous::Store,
-            netns: false,
-            rate: None,
+            world: WorldArgs::tcp(),
             kill: None,
             stall: None,
             iters: 1,
@@ -181,22 +168,15 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), String> {
     }
     let stall = matches!(&fault, Some(f) if f.kind == FaultKind::Stall);
     let timeout_ms = args.timeout_ms.or(stall.then_some(2000));
-    let config = WorldConfig {
-        transport: args.transport,
-        size: args.ranks,
-        rendezvous: args.rendezvous,
-        timeout_ms,
-        netns: args.netns,
-        rate: args.rate.clone(),
-    };
+    let config = args.world.config(args.ranks, timeout_ms);
     config.validate()?;
     // Build first: a long build must not hold network namespaces or ports.
-    let binary = world::rank_binary(args.transport)?;
+    let binary = world::rank_binary(args.world.transport)?;
     let world = World::prepare(&config)?;
     let mut rank_args = vec![
         "__rank".to_owned(),
         "--transport".to_owned(),
-        args.transport.name().to_owned(),
+        args.world.transport.name().to_owned(),
         "--ranks".to_owned(),
         args.ranks.to_string(),
         "--iters".to_owned(),
@@ -216,13 +196,14 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), String> {
     println!(
         "test-cluster: {} ranks over {}{}{}{}",
         args.ranks,
-        args.transport.name(),
-        if args.netns {
+        args.world.transport.name(),
+        if args.world.netns {
             ", one network namespace per rank (thunderbolt0 links)"
         } else {
             ""
         },
-        args.rate
+        args.world
+            .rate
             .as_deref()
             .map(|r| format!(", links limited to {r}"))
             .unwrap_or_default(),
@@ -284,7 +265,7 @@ impl Monitor {
             fault_index: None,
             hung: false,
             stopped_at: Instant::now(),
-            mem: args.transport == TransportKind::Mem,
+            mem: args.world.transport == TransportKind::Mem,
         };
         let deadline = Instant::now() + Duration::from_secs(args.timeout);
         let fault_bound = Duration::from_secs(args.fault_bound)
@@ -535,7 +516,7 @@ impl Monitor {
             "\n{} cases on {} ranks over {}: {passed} passed, {} failed ({:.1} s)",
             merged.len(),
             args.ranks,
-            args.transport.name(),
+            args.world.transport.name(),
             merged.len() - passed,
             elapsed.as_secs_f64()
         );
