@@ -131,11 +131,15 @@ pub(crate) fn sender_loop(shared: &Shared, index: usize) {
         };
         {
             let state = lock(&shared.state);
-            // A peer that said goodbye first waits for this rank's goodbye; nothing else goes
-            // out on a dead link.
-            let farewell = matches!(item, Outgoing::Bye) && state.peer_left[index];
-            if state.dead[index].is_some() && !farewell {
-                return;
+            if state.dead[index].is_some() {
+                // A peer that said goodbye first waits for this rank's goodbye, which may be
+                // queued behind frames that can no longer go out: those are dropped.
+                if !state.peer_left[index] {
+                    return;
+                }
+                if !matches!(item, Outgoing::Bye) {
+                    continue;
+                }
             }
         }
         match item {

@@ -38,8 +38,8 @@
 //!   sent before the collective, and what a rank forwards for others is queued ahead of its
 //!   pause frames.
 //! - All-reduces of up to a few MiB skip MLX's collective where every rank is linked: a direct
-//!   exchange of the contributions over the links costs one message instead of a pause and a
-//!   collective, and on a busy machine it avoids MLX's ring waiting for scheduler ticks
+//!   exchange of the contributions over the links (one message per 256 KiB piece and peer)
+//!   needs no pause, and on a busy machine it avoids MLX's ring waiting for scheduler ticks
 //!   between its busy-polling threads (see [`DIRECT_EXCHANGE_MAX`]).
 //!
 //! No process-wide lock is held across a blocking MLX call: a link's send lock is held while
@@ -725,8 +725,8 @@ impl Shared {
 
     /// [`Shared::send_or_enqueue`] of the body made of `parts`, sending bodies of up to
     /// `direct_max` bytes on the calling thread when the link is idle. A large direct send can
-    /// wait for the peer to read, so only callers whose peers are reading (the direct
-    /// exchange) raise the limit.
+    /// wait for the peer to read, so only the direct exchange, whose peers are reading while
+    /// they take part, raises the limit (see [`EXCHANGE_DIRECT_SEND_MAX`]).
     fn send_directly_up_to(
         &self,
         header: Header,
@@ -1507,10 +1507,10 @@ impl MlxTransport {
     /// its contribution to every other in pieces (see [`exchange_pieces`]), the first behind
     /// the operation's descriptor, so a rank that called a different operation fails with
     /// `InvalidArgument` instead of mixing data. The pieces go in lockstep: a rank sends its
-    /// next piece once it holds every peer's previous one. What is in flight then always fits
-    /// the sockets' buffers, so no MLX send spins on a full socket while the receive it
-    /// depends on waits for the core (on a small machine each such wait costs a scheduler
-    /// tick), and a mismatched call leaves nothing behind in the peers' inboxes.
+    /// next piece once it holds every peer's previous one. At most one piece per link is
+    /// then in flight, and the peer's receiver is reading it, so no MLX send spins long on a
+    /// full socket while the receive it depends on waits for the core (on a small machine
+    /// each such wait costs a scheduler tick).
     fn exchange_all_reduce(
         &self,
         data: &mut [u8],
@@ -1525,9 +1525,15 @@ impl MlxTransport {
         let mut widened = (!plan.in_place()).then(|| plan.widen(data));
         let wire_len = widened.as_ref().map_or(data.len(), Vec::len);
         let pieces = exchange_pieces(wire_len, plan.wire.size());
+        // Phases count down from just below the announcements' (at most
+        // `MAX_EXCHANGE_PIECES` of them), clear of phase 0, which the symmetric heap's tags
+        // use on the transport group's first sequence numbers.
         let tag = |piece: usize| {
-            // At most `MAX_EXCHANGE_PIECES`, so the phase never reaches the reserved ones.
-            Tag::op(rlx_transport::TRANSPORT_GROUP, seq, piece as u16)
+            Tag::op(
+                rlx_transport::TRANSPORT_GROUP,
+                seq,
+                EXCHANGE_TOP_PHASE - piece as u16,
+            )
         };
         let head = encode_descriptor(descriptor);
         s.check_usable()?;
@@ -1544,11 +1550,9 @@ impl MlxTransport {
         let send_piece = |piece: usize| -> Result<()> {
             let mine: &[u8] = widened.as_deref().unwrap_or(data);
             let body = &mine[pieces[piece].clone()];
-            let parts: [&[u8]; 2] = if piece == 0 {
-                [&head, body]
-            } else {
-                [&[], body]
-            };
+            let first: [&[u8]; 2] = [&head, body];
+            let later: [&[u8]; 1] = [body];
+            let parts: &[&[u8]] = if piece == 0 { &first } else { &later };
             for &peer in &peers {
                 s.send_directly_up_to(
                     Header {
@@ -1556,37 +1560,52 @@ impl MlxTransport {
                         src: s.rank,
                         dst: peer,
                         tag: tag(piece).raw(),
-                        len: (parts[0].len() + body.len()) as u64,
+                        len: parts.iter().map(|p| p.len() as u64).sum(),
                     },
-                    &parts,
-                    usize::MAX,
+                    parts,
+                    EXCHANGE_DIRECT_SEND_MAX,
                 )?;
             }
             Ok(())
         };
         let deadline = Instant::now() + s.op_timeout;
-        // Takes rank `from`'s piece `piece` once it has arrived and checks its length (and for
-        // the first, the descriptor in front of it, which is then cut off).
+        // Takes rank `from`'s piece `piece` once it has arrived. The wait goes in slices, so
+        // that the loss of another peer, whose pieces will then never come, ends it too (the
+        // peers that noticed first stop sending).
         let take = |from: u32, piece: usize| -> Result<Vec<u8>> {
-            let mut message = s
-                .inbox
-                .take(
-                    from,
-                    tag(piece),
-                    deadline.saturating_duration_since(Instant::now()),
-                )?
-                .ok_or(CollectiveError::Timeout {
-                    peer: Some(from),
-                    op: "all_reduce",
-                    after: s.op_timeout,
-                })?;
-            let expected = pieces[piece].len();
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(CollectiveError::Timeout {
+                        peer: Some(from),
+                        op: "all_reduce",
+                        after: s.op_timeout,
+                    });
+                }
+                if let Some(message) = s.inbox.take(from, tag(piece), left.min(EXCHANGE_WATCH))? {
+                    return Ok(message);
+                }
+                if let Some(&lost) = peers.iter().find(|&&p| s.inbox.is_lost(p)) {
+                    return Err(CollectiveError::PeerLost {
+                        peer: lost,
+                        reason: format!(
+                            "lost during a direct all-reduce, while rank {} waited for rank {from}",
+                            s.rank
+                        ),
+                    });
+                }
+            }
+        };
+        // Where a piece's elements start: the first carries the descriptor in front.
+        let skip = |piece: usize| if piece == 0 { head.len() } else { 0 };
+        // Checks peer `from`'s piece: its length, and for the first, the descriptor.
+        let check = |from: u32, piece: usize, message: &[u8]| -> Result<()> {
+            let expected = skip(piece) + pieces[piece].len();
             if piece == 0 {
-                let theirs = decode_descriptor(&message);
-                if theirs != Some(descriptor) || message.len() != head.len() + expected {
+                let theirs = decode_descriptor(message);
+                if theirs != Some(descriptor) || message.len() != expected {
                     return Err(s.mismatch("all_reduce", descriptor, from, theirs));
                 }
-                message.drain(..head.len());
             } else if message.len() != expected {
                 return Err(CollectiveError::protocol(
                     Some(from),
@@ -1596,15 +1615,20 @@ impl MlxTransport {
                     ),
                 ));
             }
-            Ok(message)
+            Ok(())
         };
         // Every contribution is checked before the caller's buffer is touched, so a failed
-        // exchange leaves it as it was. `theirs[p][k]` is piece k of the p-th peer.
+        // exchange leaves it as it was; and every peer's piece is taken before any is checked,
+        // so a mismatched call leaves none of them behind in the inbox. `theirs[p][k]` is
+        // piece k of the p-th peer.
         let mut theirs: Vec<Vec<Vec<u8>>> = vec![Vec::with_capacity(pieces.len()); peers.len()];
         for piece in 0..pieces.len() {
             send_piece(piece)?;
             for (p, &from) in peers.iter().enumerate() {
                 theirs[p].push(take(from, piece)?);
+            }
+            for (p, &from) in peers.iter().enumerate() {
+                check(from, piece, &theirs[p][piece])?;
             }
         }
         let (lower, higher) = theirs.split_at_mut(s.rank as usize);
@@ -1616,14 +1640,15 @@ impl MlxTransport {
             // Rank order without copying this rank's elements: the lower ranks' pieces are
             // combined in the first one's, which then goes in front of this rank's; the
             // higher ranks' follow one by one.
+            let at = skip(piece);
             if let Some((first, rest)) = lower.split_first_mut() {
                 for other in rest.iter() {
-                    plan.accumulate(&mut first[piece], &other[piece]);
+                    plan.accumulate(&mut first[piece][at..], &other[piece][at..]);
                 }
-                plan.accumulate_after(&mut mine[range.clone()], &first[piece]);
+                plan.accumulate_after(&mut mine[range.clone()], &first[piece][at..]);
             }
             for other in higher.iter() {
-                plan.accumulate(&mut mine[range.clone()], &other[piece]);
+                plan.accumulate(&mut mine[range.clone()], &other[piece][at..]);
             }
         }
         match widened {
@@ -1638,6 +1663,24 @@ impl MlxTransport {
 /// (µs, pieces of 128 KiB / 256 KiB / 1 MiB): 1 MiB 814 / 615 / 404, 2 MiB 1195 / 988 /
 /// 1111, 16 MiB 16725 / 16100 / 17198, 64 MiB 93415 / 81242 / 83970.
 const EXCHANGE_PIECE: usize = 256 << 10;
+
+/// Pieces of a direct exchange up to this many bytes go out on the caller's thread; larger
+/// ones are queued for the link's sender thread, and the caller waits for the peers' pieces
+/// with its deadline. An MLX send cannot be abandoned: it waits while the peer's socket
+/// buffer is full (a peer that has given up the exchange no longer reads), and forever when
+/// MLX stopped the connection's worker after the peer died just before the send was issued.
+/// Loopback socket buffers start near 144 KiB, so a piece this small completes without the
+/// peer reading; the window around a peer's death remains for it, as for every small send
+/// made on the caller's thread.
+const EXCHANGE_DIRECT_SEND_MAX: usize = 64 << 10;
+
+/// How often a direct exchange waiting for one peer's piece looks whether another peer was
+/// lost.
+const EXCHANGE_WATCH: Duration = Duration::from_millis(10);
+
+/// Phase of the transport-group tag of a direct exchange's first piece; later pieces count
+/// down from it.
+const EXCHANGE_TOP_PHASE: u16 = ANNOUNCE_PHASE - 1;
 
 /// The most pieces one direct exchange is cut into (each piece has a tag phase of its own,
 /// below the reserved phases).
@@ -1691,7 +1734,8 @@ impl NativeCollectives for MlxTransport {
         let desc = descriptor(NativeOp::AllReduce, dtype, Some(reduce), data.len());
         let wire_len = data.len() / dtype.size() * plan.wire.size();
         let direct_max = s.direct_max.load(Ordering::Relaxed);
-        if wire_len.saturating_mul(s.world as usize - 1) <= direct_max
+        if direct_max > 0
+            && wire_len.saturating_mul(s.world as usize - 1) <= direct_max
             && s.links.len() + 1 == s.world as usize
         {
             return self.exchange_all_reduce(data, plan, desc);

@@ -9,6 +9,9 @@ mod cluster;
 
 use half::{bf16, f16};
 use rlx_mlx_ffi::MlxTransport;
+use std::sync::Arc;
+
+use rlx_transport::symmetric::{Symmetric, SymmetricTransport};
 use rlx_transport::{CollectiveError, DType, NativeCollectives, NativeOp, ReduceKind, Transport};
 
 const COUNTS: [usize; 5] = [0, 1, 3, 1000, 70_001];
@@ -331,4 +334,36 @@ fn p2p_around_native_two_ranks() {
 #[test]
 fn p2p_around_native_three_ranks() {
     cluster::ring("p2p_around_native_three_ranks", 3, p2p_around_native);
+}
+
+/// The symmetric heap over an MLX transport, with native all-reduces before and after its
+/// first collective allocation: the heap's service and agreement messages and the direct
+/// exchanges' pieces share the transport's own tag space and must not take each other's
+/// messages.
+fn heap_beside_native(t: &Arc<MlxTransport>) {
+    let heap = Symmetric::new(Arc::clone(t), 1 << 16).unwrap();
+    let native = t.native_collectives().unwrap();
+    let me = t.rank();
+    let n = t.world_size();
+    for count in [1, 1000, 70_001] {
+        reduce_and_check(native, me, n, count, DType::F32, ReduceKind::Sum);
+    }
+    let region = heap.alloc(64).unwrap();
+    let next = (me + 1) % n;
+    heap.put(next, region.offset(), &[me as u8 + 1; 64])
+        .unwrap();
+    t.barrier().unwrap();
+    let prev = (me + n - 1) % n;
+    let mut got = [0u8; 64];
+    heap.get(me, region.offset(), &mut got).unwrap();
+    assert_eq!(got, [prev as u8 + 1; 64]);
+    reduce_and_check(native, me, n, 3, DType::F32, ReduceKind::Max);
+    heap.free(region).unwrap();
+    t.barrier().unwrap();
+    drop(heap);
+}
+
+#[test]
+fn heap_beside_native_two_ranks() {
+    cluster::ring_shared("heap_beside_native_two_ranks", 2, heap_beside_native);
 }

@@ -131,8 +131,8 @@ pub(crate) struct LinkSlot {
     pub(crate) holder: Holder,
     /// Another thread waits for this link's reader role.
     pub(crate) wanted: bool,
-    /// When a foreground thread last released it, or the watcher released it after reading
-    /// from it or being asked for it (the watcher leaves busy links alone).
+    /// When a foreground thread last released it, or the watcher released it while a caller
+    /// waited for it (the watcher leaves busy links alone).
     pub(crate) released_at: Instant,
     /// The link's next frame is parked (budget exhausted or waiting for link 0): polling its
     /// socket would spin, so pollers skip it until the state changes.

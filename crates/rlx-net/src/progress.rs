@@ -1130,12 +1130,15 @@ impl Engine {
             for &(rank, k) in held {
                 let slot = &mut st.peers[rank as usize].links[k];
                 slot.holder = Holder::Free;
+                // A caller waited for this link: the watcher leaves it to the callers for a
+                // while. Otherwise a caller whose messages the watcher delivered (and so never
+                // held the link, never refreshing this) would find the watcher back on the
+                // link at once, and every later message would take the watcher's hand-off.
+                // Links nobody asked for stay the watcher's, so it keeps draining them.
+                if slot.wanted {
+                    slot.released_at = now;
+                }
                 slot.wanted = false;
-                // The link carries traffic: the watcher leaves it to the callers for a while.
-                // Otherwise a caller whose messages the watcher delivered (and so never held
-                // the link, never refreshing this) would find the watcher back on the link at
-                // once, and every later message would take the watcher's hand-off.
-                slot.released_at = now;
             }
             for peer in st.peers.iter_mut() {
                 peer.drop_arriving_if_lost();

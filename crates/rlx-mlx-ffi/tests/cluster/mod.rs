@@ -13,7 +13,7 @@
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rlx_mlx_ffi::{Backend, MlxTransport};
@@ -56,9 +56,22 @@ pub(crate) fn child_of(name: &str) -> Option<bool> {
     }
 }
 
+/// A rank's part of a test: given the transport, or given it to share (for wrappers such as
+/// the symmetric heap, which hold an `Arc`).
+#[derive(Clone, Copy)]
+pub(crate) enum Body {
+    Borrowed(fn(&MlxTransport)),
+    Shared(fn(&Arc<MlxTransport>)),
+}
+
 /// Runs `body` on every rank of a `world`-rank MLX ring on loopback.
 pub(crate) fn ring(name: &str, world: u32, body: fn(&MlxTransport)) {
     ring_expecting(name, world, body, |_| Expect::Success);
+}
+
+/// [`ring`] for a body that shares the transport.
+pub(crate) fn ring_shared(name: &str, world: u32, body: fn(&Arc<MlxTransport>)) {
+    launch_ring(name, world, Body::Shared(body), |_| Expect::Success);
 }
 
 /// Like [`ring`], with a per-rank expectation of how the process ends.
@@ -68,6 +81,10 @@ pub(crate) fn ring_expecting(
     body: fn(&MlxTransport),
     expect: fn(u32) -> Expect,
 ) {
+    launch_ring(name, world, Body::Borrowed(body), expect);
+}
+
+fn launch_ring(name: &str, world: u32, body: Body, expect: fn(u32) -> Expect) {
     match child_of(name) {
         Some(true) => return run_child(Backend::Ring, body),
         Some(false) => return,
@@ -101,7 +118,7 @@ pub(crate) fn ring_expecting(
 pub(crate) fn mpi(name: &str, body: fn(&MlxTransport)) -> bool {
     match child_of(name) {
         Some(true) => {
-            run_child(Backend::Mpi, body);
+            run_child(Backend::Mpi, Body::Borrowed(body));
             return true;
         }
         Some(false) => return true,
@@ -149,11 +166,15 @@ fn which(program: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn run_child(backend: Backend, body: fn(&MlxTransport)) {
-    let t = MlxTransport::init(backend).expect("join the MLX world");
-    body(&t);
+fn run_child(backend: Backend, body: Body) {
+    let t = Arc::new(MlxTransport::init(backend).expect("join the MLX world"));
+    match body {
+        Body::Borrowed(body) => body(&t),
+        Body::Shared(body) => body(&t),
+    }
     let rank = t.rank();
     let start = Instant::now();
+    // The body has dropped whatever shared the transport, so this closes it.
     drop(t);
     eprintln!("rank {rank}: closed the transport in {:?}", start.elapsed());
 }
