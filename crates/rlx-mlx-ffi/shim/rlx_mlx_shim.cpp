@@ -285,6 +285,18 @@ int rlxmlx_send(const rlxmlx_group* group, int dst, const void* const* parts,
   });
 }
 
+int rlxmlx_send_array(const rlxmlx_group* group, int dst,
+                      const rlxmlx_array* array, char* err, size_t err_len) {
+  return guarded(err, err_len, [&] {
+    Target t = target(group);
+    if (array == nullptr) {
+      throw ArgumentError("null array handle");
+    }
+    t.impl->send(array->array, dst, t.stream);
+    mx::synchronize(t.stream);
+  });
+}
+
 int rlxmlx_recv(const rlxmlx_group* group, int src, int dtype, void* data,
                 size_t count, char* err, size_t err_len) {
   return guarded(err, err_len, [&] {

@@ -97,6 +97,12 @@ int rlxmlx_recv(const rlxmlx_group* group, int src, int dtype, void* data,
 // collective can return while the handle stays valid for MLX.
 typedef struct rlxmlx_array rlxmlx_array;
 
+// Sends the whole of `array` to rank `dst` as one MLX message, without copying
+// it, and waits until MLX has handed it to its connection. On failure MLX may
+// still read the array, so the caller must not free it.
+int rlxmlx_send_array(const rlxmlx_group* group, int dst,
+                      const rlxmlx_array* array, char* err, size_t err_len);
+
 // A new array of `count` elements: a copy of `data`, or uninitialized when
 // `data` is NULL. Release it with rlxmlx_array_free.
 int rlxmlx_array_new(int dtype, const void* data, size_t count,

@@ -58,6 +58,13 @@ unsafe extern "C" {
         err: *mut c_char,
         err_len: usize,
     ) -> c_int;
+    fn rlxmlx_send_array(
+        group: *const RawGroup,
+        dst: c_int,
+        array: *const RawArray,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> c_int;
     fn rlxmlx_recv(
         group: *const RawGroup,
         src: c_int,
@@ -275,6 +282,17 @@ impl Group {
                     len,
                 )
             }
+        })
+    }
+
+    /// Sends the whole of `array` to `dst` as one message, without copying it. On failure
+    /// MLX may still read the array, so the caller must leak it (see
+    /// `transport::abandon_on_failure`).
+    pub(crate) fn send_array(&self, dst: u32, array: &HostArray) -> Result<(), ShimError> {
+        let dst = rank_arg(dst)?;
+        call(|err, len| {
+            // SAFETY: `self.raw` and `array.raw` are live handles; `err` holds `len` bytes.
+            unsafe { rlxmlx_send_array(self.raw, dst, array.raw, err, len) }
         })
     }
 

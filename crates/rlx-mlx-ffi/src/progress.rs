@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 use rlx_transport::inbox::Delivery;
 use rlx_transport::{Failure, Tag};
 
+use crate::ffi::HostArray;
 use crate::frame::{HEADER_LEN, Header, Kind};
 use crate::sync::{lock, wait, wait_timeout};
-use crate::transport::{ABORT_POLL, MAX_MESSAGE_LEN, Shared};
+use crate::transport::{ABORT_POLL, MAX_MESSAGE_LEN, Shared, abandon_on_failure};
 
 /// Size of the first MLX message of every frame: the header and up to
 /// `FIRST_LEN - HEADER_LEN` bytes of body.
@@ -31,6 +32,9 @@ pub(crate) const PAUSE_GRACE: Duration = Duration::from_millis(2);
 pub(crate) enum Outgoing {
     /// A data or failure frame.
     Frame(Header, Vec<u8>),
+    /// A data frame whose body is `head` followed by the bytes of `rest`, an MLX array filled
+    /// by the caller: MLX sends the array itself, so the body is copied once, into it.
+    Staged(Header, Vec<u8>, HostArray),
     /// A pause frame; the sender then waits for the collective to end.
     Pause(Header),
     /// The goodbye frame; the sender then exits.
@@ -148,6 +152,19 @@ pub(crate) fn sender_loop(shared: &Shared, index: usize) {
                     shared
                         .link_failed(index, format!("MLX send to rank {} failed: {e}", link.peer));
                     return;
+                }
+            }
+            Outgoing::Staged(header, head, rest) => {
+                match shared.send_staged(link.peer, &header, &head, &rest) {
+                    Ok(()) => shared.arrays.give_back(rest),
+                    Err(e) => {
+                        let e = abandon_on_failure(e, rest);
+                        shared.link_failed(
+                            index,
+                            format!("MLX send to rank {} failed: {e}", link.peer),
+                        );
+                        return;
+                    }
                 }
             }
             Outgoing::Pause(header) => {

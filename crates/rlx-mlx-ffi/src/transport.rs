@@ -12,7 +12,8 @@
 //!   further pieces. Small messages cost one MLX send.
 //! - Each directly linked peer has a sender thread draining a queue and a receiver thread.
 //!   A caller sends a small frame itself when its link is idle and queues everything else,
-//!   so `send_message` never waits for the peer. The receiver posts an MLX receive only
+//!   so `send_message` never waits for the peer; a queued frame's body beyond its first piece
+//!   is copied once, into an MLX array that MLX then sends as it is. The receiver posts an MLX receive only
 //!   while somebody needs what comes through its link (a waiting receive, a native
 //!   collective, forwarding in rings of four or more, closing), demultiplexes what arrives
 //!   into an [`Inbox`] by `(source, tag)`, and forwards messages for other ranks one hop
@@ -690,8 +691,8 @@ impl Shared {
         Ok(())
     }
 
-    /// Queues a frame for `to` (another rank) on the link of the first hop.
-    pub(crate) fn enqueue(&self, header: Header, body: Vec<u8>) -> Result<()> {
+    /// The index of the usable link a frame for `header.dst` leaves on.
+    fn first_hop_link(&self, header: &Header) -> Result<usize> {
         let hop = self.topology.next_hop(self.rank, header.dst, self.world);
         let index = self.link_index(hop).ok_or_else(|| {
             CollectiveError::unsupported(format!(
@@ -699,18 +700,28 @@ impl Shared {
                 self.rank, header.dst
             ))
         })?;
-        {
-            let state = lock(&self.state);
-            if state.aborted || state.closing {
-                return Err(CollectiveError::Aborted);
-            }
-            if let Some(reason) = &state.dead[index] {
-                return Err(CollectiveError::PeerLost {
-                    peer: hop,
-                    reason: reason.clone(),
-                });
-            }
+        self.check_link(index, hop)?;
+        Ok(index)
+    }
+
+    /// Fails when the transport is going away or link `index` (to `hop`) is dead.
+    fn check_link(&self, index: usize, hop: u32) -> Result<()> {
+        let state = lock(&self.state);
+        if state.aborted || state.closing {
+            return Err(CollectiveError::Aborted);
         }
+        if let Some(reason) = &state.dead[index] {
+            return Err(CollectiveError::PeerLost {
+                peer: hop,
+                reason: reason.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Queues a frame for `to` (another rank) on the link of the first hop.
+    pub(crate) fn enqueue(&self, header: Header, body: Vec<u8>) -> Result<()> {
+        let index = self.first_hop_link(&header)?;
         self.links[index].push(Outgoing::Frame(header, body));
         Ok(())
     }
@@ -739,18 +750,7 @@ impl Shared {
                 let link = &self.links[index];
                 if let Ok(_sending) = link.sending.try_lock() {
                     if lock(&link.queue).is_empty() {
-                        {
-                            let state = lock(&self.state);
-                            if state.aborted || state.closing {
-                                return Err(CollectiveError::Aborted);
-                            }
-                            if let Some(reason) = &state.dead[index] {
-                                return Err(CollectiveError::PeerLost {
-                                    peer: hop,
-                                    reason: reason.clone(),
-                                });
-                            }
-                        }
+                        self.check_link(index, hop)?;
                         return self.send_frame(hop, &header, parts).map_err(|e| {
                             let reason = format!("MLX send to rank {hop} failed: {e}");
                             self.link_failed(index, reason.clone());
@@ -760,7 +760,7 @@ impl Shared {
                 }
             }
         }
-        self.enqueue(header, parts.concat())
+        self.enqueue_staged(header, parts)
     }
 
     /// Sends one frame, whose body is `parts` one after the other, over MLX to the linked
@@ -804,6 +804,66 @@ impl Shared {
         for piece in body[inline..].chunks(PIECE_LEN) {
             self.group.send(peer, piece)?;
         }
+        Ok(())
+    }
+
+    /// Sends one frame whose body is `head` and then the bytes of `rest` (see
+    /// [`Outgoing::Staged`]) over MLX to the linked `peer`: the first piece and whatever of
+    /// the body precedes the array go out gathered, the array as a message of its own. The
+    /// receiver reads a frame as its first piece and then the rest of the body, however the
+    /// sender cut it, since `head` is exactly what the first piece holds of the body.
+    pub(crate) fn send_staged(
+        &self,
+        peer: u32,
+        header: &Header,
+        head: &[u8],
+        rest: &HostArray,
+    ) -> Result<(), ShimError> {
+        let encoded = header.encode();
+        let zeros = [0u8; FIRST_LEN];
+        let pad = &zeros[..FIRST_LEN.saturating_sub(HEADER_LEN + head.len())];
+        self.group.send_parts(peer, &[&encoded, head, pad])?;
+        if rest.nbytes() > 0 {
+            self.group.send_array(peer, rest)?;
+        }
+        Ok(())
+    }
+
+    /// Queues frame `header` whose body is `parts` one after the other for the link to
+    /// `header.dst`, staged in an MLX array (see [`Outgoing::Staged`]) when it is longer than
+    /// a first piece, so that it is copied once on its way out.
+    fn enqueue_staged(&self, header: Header, parts: &[&[u8]]) -> Result<()> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let inline = FIRST_LEN - HEADER_LEN;
+        // Frames the first piece holds whole, or too long for one MLX message, take the
+        // ordinary queue.
+        if len <= inline || len - inline > PIECE_LEN {
+            return self.enqueue(header, parts.concat());
+        }
+        let mut head = Vec::with_capacity(inline);
+        let mut rest: Option<&[u8]> = None;
+        for (i, part) in parts.iter().enumerate() {
+            let room = inline - head.len();
+            if part.len() <= room {
+                head.extend_from_slice(part);
+                continue;
+            }
+            head.extend_from_slice(&part[..room]);
+            if i + 1 == parts.len() {
+                rest = Some(&part[room..]);
+            }
+            break;
+        }
+        let Some(rest) = rest else {
+            // The bytes after the first piece span several parts: not worth staging.
+            return self.enqueue(header, parts.concat());
+        };
+        let index = self.first_hop_link(&header)?;
+        let staged = self
+            .arrays
+            .filled(crate::native::MlxDtype::U8, rest)
+            .map_err(|e| e.into_error("send"))?;
+        self.links[index].push(Outgoing::Staged(header, head, staged));
         Ok(())
     }
 
@@ -1426,7 +1486,7 @@ impl Transport for MlxTransport {
 /// before starting: a failed collective returns as soon as one connection fails, while MLX's
 /// transfers on its other connections may still write into the arrays, so their memory must
 /// never be reused. Only a transport that is unusable afterwards leaks them.
-fn abandon_on_failure<T>(error: ShimError, arrays: T) -> ShimError {
+pub(crate) fn abandon_on_failure<T>(error: ShimError, arrays: T) -> ShimError {
     if !error.refused {
         std::mem::forget(arrays);
     }
