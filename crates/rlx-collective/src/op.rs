@@ -473,6 +473,16 @@ mod tests {
     use super::*;
     use crate::MemTransport;
 
+    /// The watch of test group 7 on `transport`'s rank, whose members are world ranks 0..n.
+    fn watch_on<'a>(
+        transport: &'a dyn Transport,
+        members: &'a [u32],
+        health: &'a Health,
+        scope: FailureScope,
+    ) -> Watch<'a> {
+        Watch::new(transport, members, transport.rank(), 7, health, scope)
+    }
+
     /// A group-wide notice blaming a lost `culprit`. The cause comes from the error it stands
     /// for, which is how the collectives produce it too.
     fn notice(culprit: u32) -> Failure {
@@ -492,14 +502,7 @@ mod tests {
         let world = MemTransport::fan_out(3);
         let members = [0, 1, 2];
         let health = Health::default();
-        let watch = Watch::new(
-            world[1].as_ref(),
-            &members,
-            1,
-            7,
-            &health,
-            FailureScope::Group,
-        );
+        let watch = watch_on(world[1].as_ref(), &members, &health, FailureScope::Group);
         world[0]
             .send_failure(1, notice_tag(7), notice(2))
             .expect("rank 1 is there");
@@ -560,11 +563,9 @@ mod tests {
         let world = MemTransport::fan_out(2);
         let members = [0, 1];
         let health = Health::default();
-        let watch = Watch::new(
+        let watch = watch_on(
             world[0].as_ref(),
             &members,
-            0,
-            7,
             &health,
             FailureScope::Operation,
         );
@@ -581,14 +582,7 @@ mod tests {
         let world = MemTransport::fan_out(2);
         let members = [0, 1];
         let health = Health::default();
-        let watch = Watch::new(
-            world[0].as_ref(),
-            &members,
-            0,
-            7,
-            &health,
-            FailureScope::Group,
-        );
+        let watch = watch_on(world[0].as_ref(), &members, &health, FailureScope::Group);
         world[1]
             .send_message(0, notice_tag(7), &[b"stray"])
             .expect("rank 0 is there");

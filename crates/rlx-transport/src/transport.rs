@@ -399,18 +399,15 @@ mod tests {
         assert!(Failure::decode(3, &[9u8; FAILURE_WIRE_LEN]).is_err());
         assert!(Failure::decode(3, &[1u8; 4]).is_err());
         // A culprit beyond u32 or an unknown cause is malformed, never truncated or guessed.
-        let mut wide = Failure::GroupFailed {
+        let valid = Failure::GroupFailed {
             culprit: 7,
             cause: FatalCause::Timeout,
         }
         .encode();
+        let mut wide = valid;
         wide[5] = 1;
         assert!(Failure::decode(3, &wide).is_err());
-        let mut unknown = Failure::GroupFailed {
-            culprit: 7,
-            cause: FatalCause::Timeout,
-        }
-        .encode();
+        let mut unknown = valid;
         unknown[9] = 200;
         assert!(Failure::decode(3, &unknown).is_err());
         unknown[9] = 2;
