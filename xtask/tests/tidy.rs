@@ -31,8 +31,16 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 fn workspace_rust_files() -> Vec<PathBuf> {
     let root = workspace_root();
     let mut files = Vec::new();
-    rust_files(&root.join("crates"), &mut files);
-    rust_files(&root.join("xtask"), &mut files);
+    for dir in [
+        "rlx-transport",
+        "rlx-net",
+        "rlx-tb",
+        "rlx-mlx-ffi",
+        "rlx-collective",
+        "xtask",
+    ] {
+        rust_files(&root.join(dir), &mut files);
+    }
     assert!(files.len() > 20, "found only {} Rust files", files.len());
     files
 }

@@ -127,7 +127,7 @@ mod mlx {
     /// `<workspace>/target/mlx-venv`, the venv `cargo xtask ci` creates.
     fn workspace_venv() -> Option<PathBuf> {
         let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR")?);
-        let workspace = manifest.parent()?.parent()?;
+        let workspace = manifest.parent()?;
         Some(workspace.join("target").join("mlx-venv"))
     }
 
