@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::sync::{Mutex, mpsc};
 use std::time::Duration;
 
 use rlx_collective::CollectiveError;
@@ -11,14 +12,24 @@ use rlx_collective::CollectiveError;
 fn a_late_contribution_never_reaches_a_later_round() {
     let world = 4u32;
     let late = 3u32;
+    // Rank 0 says when its first round is over; only then does the late rank contribute, so
+    // it is late by construction, however the machine schedules the threads.
+    let (round1_over, wait_for_round1) = mpsc::channel::<()>();
+    let round1_over = Mutex::new(round1_over);
+    let wait_for_round1 = Mutex::new(wait_for_round1);
     let results = common::on_each(common::world(world), move |group| {
         let me = group.rank();
-        // Round 1: the late rank arrives long after the deadline.
+        // Round 1: the late rank arrives after rank 0 has closed the round.
         let mut round1 = vec![1000.0 + me as f32; 6];
         if me == late {
-            std::thread::sleep(Duration::from_secs(3));
+            let waited = wait_for_round1.lock().map(|rx| rx.recv());
+            assert!(matches!(waited, Ok(Ok(()))), "rank 0 never ended round 1");
         }
-        let n1 = group.federated_average(&mut round1, Duration::from_millis(1000))?;
+        let n1 = group.federated_average(&mut round1, Duration::from_millis(200))?;
+        if me == 0 {
+            let told = round1_over.lock().map(|tx| tx.send(()));
+            assert!(matches!(told, Ok(Ok(()))), "the late rank stopped waiting");
+        }
         // Round 2: everyone is on time (the deadline is far away).
         let mut round2 = vec![me as f32; 6];
         let n2 = group.federated_average(&mut round2, Duration::from_secs(30))?;

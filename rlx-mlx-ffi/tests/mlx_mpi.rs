@@ -1,17 +1,26 @@
-//! `MlxTransport` on MLX's `mpi` backend: 2 ranks under `mpirun` (Open MPI), when it is
-//! installed, including a split of the world. A test binary of its own, so that it does not
-//! share the machine with the ring tests running in parallel.
+//! `MlxTransport` on MLX's `mpi` backend: 2 ranks under `mpirun` (Open MPI), including a split
+//! of the world. A test binary of its own, so that it does not share the machine with the ring
+//! tests running in parallel.
+//!
+//! Its runner is libtest-mimic (`harness = false`), so that a machine without `mpirun` or
+//! without the `mlx` feature shows the test as ignored with that reason; under `CI=true`, where
+//! CI installs Open MPI and builds the feature, that is a failure instead.
 
-#![cfg(feature = "mlx")]
-
+#[cfg(feature = "mlx")]
 mod cluster;
 
+use libtest_mimic::{Arguments, Failed, Trial};
+
+#[cfg(feature = "mlx")]
 use half::f16;
+#[cfg(feature = "mlx")]
 use rlx_mlx_ffi::MlxTransport;
+#[cfg(feature = "mlx")]
 use rlx_transport::{DType, ReduceKind, Transport};
 
 /// Point-to-point, native f16 sums on both the direct-exchange and the MLX path, against a
 /// serial reference, and a barrier.
+#[cfg(feature = "mlx")]
 fn mpi_body(t: &MlxTransport) {
     assert_eq!(t.world_size(), 2);
     let me = t.rank();
@@ -63,9 +72,51 @@ fn mpi_body(t: &MlxTransport) {
     t.barrier().unwrap();
 }
 
-#[test]
-fn mpi_two_ranks() {
-    if !cluster::mpi("mpi_two_ranks", mpi_body) {
-        eprintln!("mpirun is not installed: the MPI backend was not exercised");
+/// Why `mpi_two_ranks` cannot run in this build or on this machine, if it cannot.
+fn unavailable() -> Option<&'static str> {
+    #[cfg(feature = "mlx")]
+    {
+        cluster::mpirun()
+            .is_none()
+            .then_some("needs Open MPI's mpirun (apt-get install openmpi-bin libopenmpi-dev)")
     }
+    #[cfg(not(feature = "mlx"))]
+    {
+        Some("needs the `mlx` feature")
+    }
+}
+
+/// The test itself, where it can run.
+#[cfg(feature = "mlx")]
+fn runnable(name: &'static str) -> Trial {
+    Trial::test(name, move || {
+        cluster::mpi(name, mpi_body);
+        Ok(())
+    })
+}
+
+#[cfg(not(feature = "mlx"))]
+fn runnable(name: &'static str) -> Trial {
+    Trial::test(name, || {
+        Err(Failed::from("built without the `mlx` feature"))
+    })
+}
+
+fn main() {
+    let in_ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    let name = "mpi_two_ranks";
+    let trial = match unavailable() {
+        None => runnable(name),
+        Some(reason) if in_ci => Trial::test(name, move || {
+            Err(Failed::from(format!(
+                "CI=true, yet this test cannot run here: {reason}"
+            )))
+        }),
+        Some(reason) => Trial::test(name, || Ok(()))
+            .with_ignored_flag(true)
+            .with_kind(format!("skipped: {reason}")),
+    };
+    let mut args = Arguments::from_args();
+    args.test_threads.get_or_insert(1);
+    libtest_mimic::run(&args, vec![trial]).exit()
 }

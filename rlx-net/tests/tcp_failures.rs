@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader};
 use std::sync::{Arc, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -98,7 +99,19 @@ fn kill_one_of_four_mid_transfer() {
                 .0
                 .push(spawn("pairwise", &rlx_env(rank, 4, "127.0.0.1", port)));
         }
-        thread::sleep(Duration::from_millis(2500));
+        // The kill lands mid-transfer: once the victim has finished a round with every peer
+        // (an event, not a guess at how long start-up takes on a loaded machine).
+        let victim_out = children.0[VICTIM as usize]
+            .stdout
+            .take()
+            .expect("the victim's stdout is piped");
+        let running = BufReader::new(victim_out)
+            .lines()
+            .map_while(Result::ok)
+            .filter(|line| line.starts_with("running with peer"))
+            .take(3)
+            .count();
+        assert_eq!(running, 3, "the victim ended before it ran with every peer");
         let killed_at = now_ms();
         children.0[VICTIM as usize]
             .kill()

@@ -17,7 +17,7 @@ mod netns;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use netns::{Net, Shape, is_root, run, v4};
+use netns::{Net, Shape, run, v4};
 use rlx_tb::ThunderboltTransport;
 use rlx_transport::symmetric::SymmetricTransport;
 use rlx_transport::{CollectiveError, Result, Transport};
@@ -260,8 +260,8 @@ fn main() -> ExitCode {
             }
         };
     }
-    if !is_root() {
-        eprintln!("tb_netns_bench needs root to create network namespaces and qdiscs");
+    if let Some(reason) = netns::unavailable() {
+        eprintln!("tb_netns_bench cannot create network namespaces and qdiscs: {reason}");
         return ExitCode::FAILURE;
     }
     match parent() {

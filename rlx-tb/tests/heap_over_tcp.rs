@@ -7,6 +7,7 @@
 //! successfully; with it, it is one rank of that scenario.
 
 mod heap_model;
+mod trials;
 
 use heap_model::check;
 
@@ -196,27 +197,10 @@ fn main() -> ExitCode {
             }
         };
     }
-    // Like libtest: positional arguments filter the scenarios by name.
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let mut failed = 0;
-    for scenario in SCENARIOS {
-        if !filters.is_empty() && !filters.iter().any(|f| scenario.name.contains(f.as_str())) {
-            continue;
-        }
-        match run_scenario(scenario) {
-            Ok(()) => println!("test {} ... ok", scenario.name),
-            Err(why) => {
-                println!("test {} ... FAILED: {why}", scenario.name);
-                failed += 1;
-            }
-        }
-    }
-    if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    let tests = SCENARIOS.iter().map(|scenario| {
+        libtest_mimic::Trial::test(scenario.name, move || {
+            run_scenario(scenario).map_err(libtest_mimic::Failed::from)
+        })
+    });
+    trials::run(tests.collect())
 }

@@ -110,23 +110,23 @@ fn launch_ring(name: &str, world: u32, body: Body, expect: fn(u32) -> Expect) {
             cmd.spawn().expect("spawn a rank")
         })
         .collect();
-    reap(name, &dir, children, |i| expect(i as u32));
+    reap(name, &dir, children, 1, |i| expect(i as u32));
 }
 
-/// Runs `body` on 2 ranks under `mpirun` with MLX's `mpi` backend; `false` when no
-/// `mpirun` is installed.
-pub(crate) fn mpi(name: &str, body: fn(&MlxTransport)) -> bool {
+/// Open MPI's `mpirun`, if it is on the `PATH`.
+pub(crate) fn mpirun() -> Option<PathBuf> {
+    which("mpirun")
+}
+
+/// Runs `body` on 2 ranks under `mpirun` with MLX's `mpi` backend; the caller has checked
+/// that [`mpirun`] finds it.
+pub(crate) fn mpi(name: &str, body: fn(&MlxTransport)) {
     match child_of(name) {
-        Some(true) => {
-            run_child(Backend::Mpi, Body::Borrowed(body));
-            return true;
-        }
-        Some(false) => return true,
+        Some(true) => return run_child(Backend::Mpi, Body::Borrowed(body)),
+        Some(false) => return,
         None => {}
     }
-    let Some(mpirun) = which("mpirun") else {
-        return false;
-    };
+    let mpirun = mpirun().expect("mpirun on the PATH");
     let _alone = one_cluster_at_a_time();
     let dir = scratch_dir(name);
     let exe = std::env::current_exe().expect("current test binary");
@@ -144,7 +144,13 @@ pub(crate) fn mpi(name: &str, body: fn(&MlxTransport)) -> bool {
             "OMPI_MPI_THREAD_LEVEL",
         ])
         .arg(exe)
-        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            name,
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+            "--color=never",
+        ])
         .env(CHILD_ENV, name)
         .env("RLX_MLX_BACKEND", "mpi")
         // MlxTransport calls MPI from several threads (see `MlxTransport::init`).
@@ -155,8 +161,8 @@ pub(crate) fn mpi(name: &str, body: fn(&MlxTransport)) -> bool {
         .stderr(log)
         .spawn()
         .expect("spawn mpirun");
-    reap(name, &dir, vec![child], |_| Expect::Success);
-    true
+    // One log holds both ranks' output.
+    reap(name, &dir, vec![child], 2, |_| Expect::Success);
 }
 
 fn which(program: &str) -> Option<PathBuf> {
@@ -183,12 +189,18 @@ fn self_command(name: &str, dir: &std::path::Path, log: &str) -> Command {
     let exe = std::env::current_exe().expect("current test binary");
     let out = File::create(dir.join(format!("{log}.log"))).expect("create the log");
     let mut cmd = Command::new(exe);
-    cmd.args([name, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, name)
-        .env("RLX_TIMEOUT_MS", CHILD_TIMEOUT_MS.to_string())
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().expect("clone the log"))
-        .stderr(out);
+    cmd.args([
+        name,
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+        "--color=never",
+    ])
+    .env(CHILD_ENV, name)
+    .env("RLX_TIMEOUT_MS", CHILD_TIMEOUT_MS.to_string())
+    .stdin(Stdio::null())
+    .stdout(out.try_clone().expect("clone the log"))
+    .stderr(out);
     cmd
 }
 
@@ -214,10 +226,15 @@ fn logs(dir: &std::path::Path) -> String {
     out
 }
 
+/// Waits for `children` (each running `ranks_per_child` ranks) within the deadline and checks
+/// how each ended. A child that should succeed must also have run its test: a rank whose test
+/// name matched nothing would exit 0 having tested nothing, so every successful rank's log must
+/// hold libtest's "1 passed" summary.
 fn reap(
     name: &str,
     dir: &std::path::Path,
     mut children: Vec<Child>,
+    ranks_per_child: usize,
     expect: impl Fn(usize) -> Expect,
 ) {
     let start = Instant::now();
@@ -256,6 +273,16 @@ fn reap(
         "{name}: {}\n{}",
         wrong.join("; "),
         logs(dir)
+    );
+    let succeeding = (0..children.len())
+        .filter(|&i| expect(i) == Expect::Success)
+        .count();
+    let output = logs(dir);
+    let ran = output.matches("test result: ok. 1 passed;").count();
+    assert_eq!(
+        ran,
+        succeeding * ranks_per_child,
+        "{name}: ranks that ran their test (is the test still named {name:?}?)\n{output}"
     );
     // RLX_MLX_TEST_LOGS=1 shows the ranks' output of passing tests too.
     if std::env::var_os("RLX_MLX_TEST_LOGS").is_some() {

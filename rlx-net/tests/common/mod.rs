@@ -1,7 +1,7 @@
 //! Shared harness of the multi-process tests: each test binary re-executes itself with
 //! `RLX_NET_TEST_ROLE` set to run one rank as a real process, and the parent starts, waits for
 //! (with a hard bound) and reaps those processes. The binaries use `harness = false`, so
-//! [`run`] also lists and runs the tests and prints libtest's summary line.
+//! [`run`] lists and runs the tests through libtest-mimic, with libtest's flags and summary.
 
 #![allow(
     dead_code,
@@ -22,8 +22,8 @@ pub(crate) const ROLE: &str = "RLX_NET_TEST_ROLE";
 /// A test: its name and body (which panics on failure).
 pub(crate) type Test = (&'static str, fn());
 
-/// Runs the worker role if one is selected, else every test whose name contains the first
-/// command-line filter; exits with libtest's conventions.
+/// Runs the worker role if one is selected, else the tests under libtest's command line
+/// (filters, `--exact`, `--list`, `--ignored`, ...) and exits with libtest's conventions.
 pub(crate) fn run(tests: &[Test], worker: fn(&str) -> Result<(), String>) -> ! {
     if let Ok(role) = std::env::var(ROLE) {
         match worker(&role) {
@@ -34,34 +34,20 @@ pub(crate) fn run(tests: &[Test], worker: fn(&str) -> Result<(), String>) -> ! {
             }
         }
     }
-    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let selected: Vec<&Test> = tests
+    let mut args = libtest_mimic::Arguments::from_args();
+    // One test at a time unless asked otherwise: the tests count this process's threads and
+    // sockets, and their worker processes share two cores.
+    args.test_threads.get_or_insert(1);
+    let trials = tests
         .iter()
-        .filter(|(name, _)| filter.as_deref().is_none_or(|f| name.contains(f)))
+        .map(|&(name, body)| {
+            libtest_mimic::Trial::test(name, move || {
+                body();
+                Ok(())
+            })
+        })
         .collect();
-    println!("\nrunning {} tests", selected.len());
-    let start = Instant::now();
-    let mut failed = Vec::new();
-    for (name, body) in &selected {
-        let t = Instant::now();
-        let outcome = std::panic::catch_unwind(body);
-        match outcome {
-            Ok(()) => println!("test {name} ... ok ({:.1?})", t.elapsed()),
-            Err(_) => {
-                println!("test {name} ... FAILED");
-                failed.push(*name);
-            }
-        }
-    }
-    let passed = selected.len() - failed.len();
-    let verdict = if failed.is_empty() { "ok" } else { "FAILED" };
-    println!(
-        "\ntest result: {verdict}. {passed} passed; {} failed; 0 ignored; 0 measured; {} filtered out; finished in {:.2}s\n",
-        failed.len(),
-        tests.len() - selected.len(),
-        start.elapsed().as_secs_f64()
-    );
-    std::process::exit(i32::from(!failed.is_empty()));
+    libtest_mimic::run(&args, trials).exit()
 }
 
 /// A TCP port that was free a moment ago.

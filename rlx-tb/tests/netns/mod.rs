@@ -16,10 +16,21 @@ pub(crate) const JOB_DEADLINE: Duration = Duration::from_secs(120);
 /// The ranks' operation and connect timeout, so that a broken job ends on its own.
 const RANK_TIMEOUT_MS: &str = "60000";
 
-/// Whether this process may create namespaces and links.
-pub(crate) fn is_root() -> bool {
+/// Why this process cannot create namespaces and links, if it cannot: that needs root and
+/// iproute2's `ip`.
+pub(crate) fn unavailable() -> Option<&'static str> {
     // SAFETY: `geteuid` has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root for network namespaces");
+    }
+    let has_ip = Command::new("ip")
+        .arg("-V")
+        .output()
+        .is_ok_and(|out| out.status.success());
+    if !has_ip {
+        return Some("needs iproute2's `ip` for network namespaces");
+    }
+    None
 }
 
 /// Runs `program` to completion; its stdout, or an error with its stderr.
