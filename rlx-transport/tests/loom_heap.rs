@@ -1,6 +1,7 @@
 //! Loom models of the heap service: request ids matching out-of-order responses, quiet waiting
 //! for every put (and reporting a dropped put's refusal), the ordering of a put before its
-//! signal, and the wake-up of `wait_until`.
+//! signal, the wake-up of `wait_until`, and the hand-over of requests from a peer's reader to
+//! its server (order, and a close that always ends the server).
 //! A remote peer is a loom thread that runs the service state machine on the shared heap.
 //! Run with `cargo xtask loom`.
 
@@ -11,6 +12,7 @@ use std::time::Duration;
 use loom::sync::Arc;
 use loom::thread;
 use rlx_transport::CollectiveError;
+use rlx_transport::symmetric::queue::RequestQueue;
 use rlx_transport::symmetric::service::{self, Completions, OpKind, Outcome};
 use rlx_transport::symmetric::wire::{self, Message};
 use rlx_transport::symmetric::{Cmp, HeapFault, Signal, SymmetricHeap};
@@ -180,5 +182,48 @@ fn abort_ends_a_quiet() {
         };
         assert!(matches!(table.quiet(LONG), Err(CollectiveError::Aborted)));
         aborter.join().unwrap();
+    });
+}
+
+/// The reader hands two requests to a waiting server: the server gets both, in order, and no
+/// wake-up is lost whichever side runs first.
+#[test]
+fn the_server_takes_the_readers_requests_in_order() {
+    loom::model(|| {
+        let queue = Arc::new(RequestQueue::new());
+        let reader = {
+            let queue = queue.clone();
+            thread::spawn(move || {
+                assert!(queue.push(vec![1]));
+                assert!(queue.push(vec![2]));
+            })
+        };
+        assert_eq!(queue.pop(), Some(vec![1]));
+        assert_eq!(queue.pop(), Some(vec![2]));
+        reader.join().unwrap();
+    });
+}
+
+/// Dropping the transport closes the queue while the server may be waiting on it: the server
+/// always returns, and a reader that pushes after the close is told to stop.
+#[test]
+fn closing_the_queue_ends_a_waiting_server() {
+    loom::model(|| {
+        let queue = Arc::new(RequestQueue::new());
+        let server = {
+            let queue = queue.clone();
+            thread::spawn(move || {
+                let mut served = 0;
+                while queue.pop().is_some() {
+                    served += 1;
+                }
+                served
+            })
+        };
+        let pushed = queue.push(vec![7]);
+        queue.close();
+        assert!(!queue.push(vec![8]), "a closed queue takes nothing");
+        let served = server.join().unwrap();
+        assert!(served <= usize::from(pushed));
     });
 }

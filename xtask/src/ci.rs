@@ -8,7 +8,7 @@ use std::process::Command;
 use crate::cluster::ClusterArgs;
 use crate::cmd::{cargo, run_step, workspace_root};
 use crate::world::{TransportKind, WorldArgs};
-use crate::{bench, cluster, loom};
+use crate::{bench, cluster, loom, macos};
 
 /// Flags of `cargo xtask ci`.
 #[derive(Debug, Args)]
@@ -16,6 +16,24 @@ pub(crate) struct CiArgs {
     /// Skip the loom model checks (they are part of CI; this is for quick local runs).
     #[arg(long)]
     pub(crate) no_loom: bool,
+    /// Skip the macOS type-check (part of CI; this is for quick local runs).
+    #[arg(long)]
+    pub(crate) no_macos: bool,
+}
+
+/// Whether this is CI's run (`CI=true`, which `.ci/run` sets): there nothing may be skipped,
+/// because CI installs everything every step needs.
+pub(crate) fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// A step that cannot run on this machine: a note locally, a failure under CI.
+fn skip(step: &str, reason: &str) -> Result<(), String> {
+    if in_ci() {
+        return Err(format!("{step} cannot run under CI=true: {reason}"));
+    }
+    eprintln!("\n==> {step} skipped: {reason}");
+    Ok(())
 }
 
 /// Runs every CI step.
@@ -58,6 +76,12 @@ pub(crate) fn run(args: &CiArgs) -> Result<(), String> {
     eprintln!("\n==> bench smoke: every operation, dtype and reduction, small sizes, #wrong only");
     bench::run(&bench::BenchArgs::smoke()).map_err(|e| format!("bench smoke: {e}"))?;
     mlx(&workspace_root())?;
+    if !args.no_macos {
+        match macos::Toolchain::find() {
+            Ok(toolchain) => macos::check(&toolchain)?,
+            Err(missing) => skip("macOS type-check", &missing)?,
+        }
+    }
     if !args.no_loom {
         loom::run(&loom::LoomArgs { preemptions: 2 })?;
     }
@@ -98,7 +122,8 @@ fn clusters() -> Result<(), String> {
             ..ClusterArgs::ci()
         },
     ));
-    if crate::netns::check_available().is_ok() {
+    let netns = crate::netns::check_available();
+    if netns.is_ok() {
         runs.push((
             "4 Thunderbolt ranks in network namespaces".to_owned(),
             ClusterArgs {
@@ -111,7 +136,8 @@ fn clusters() -> Result<(), String> {
             },
         ));
     } else {
-        eprintln!("\n==> test-cluster --netns --transport tb skipped: needs root and iproute2");
+        let reason = netns.err().unwrap_or_default();
+        skip("test-cluster --netns --transport tb", &reason)?;
     }
     for (what, args) in runs {
         eprintln!("\n==> test-cluster: {what}, the quick case list");

@@ -8,6 +8,7 @@ mod cluster;
 mod cmd;
 mod launch;
 mod loom;
+mod macos;
 mod netns;
 mod world;
 
@@ -25,7 +26,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Everything CI runs: fmt check, clippy -D warnings, tests, a short cluster run, a bench
-    /// smoke sweep, loom.
+    /// smoke sweep, the MLX tests, the macOS type-check, loom.
     Ci(ci::CiArgs),
     /// Loom model checks under `--cfg rlx_loom`.
     Loom(loom::LoomArgs),

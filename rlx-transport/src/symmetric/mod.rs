@@ -5,7 +5,7 @@
 //!   access.
 //! - `wire` and `service`: the heap service as protocol logic without sockets — message types,
 //!   strict encoding, the request → response state machine and the initiator's table of
-//!   requests in flight.
+//!   requests in flight; `queue`: the hand-over from a peer's reader to its server.
 //! - [`Symmetric`]: `SymmetricTransport` for any two-sided [`Transport`], so
 //!   [`MemTransport`](crate::MemTransport) and every socket transport get the heap without
 //!   writing it again.
@@ -60,6 +60,7 @@
 mod alloc;
 pub mod heap;
 mod over_transport;
+pub mod queue;
 pub mod service;
 pub mod wire;
 

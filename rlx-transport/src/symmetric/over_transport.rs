@@ -26,16 +26,15 @@
 //!   `quiet` after a window of non-blocking ones) is what keeps it short.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::symmetric::alloc::{AllocRefusal, Allocator};
 use crate::symmetric::heap::{Cmp, SymmetricHeap};
+use crate::symmetric::queue::RequestQueue;
 use crate::symmetric::service::{self, Completions, OpKind, Outcome};
 use crate::symmetric::wire::{self, Signal, SignalOp};
 use crate::symmetric::{Completion, Region, SymmetricTransport};
+use crate::sync::{Arc, AtomicBool, Mutex, MutexGuard, Ordering, lock, thread};
 use crate::{CollectiveError, Failure, NativeCollectives, Result, TRANSPORT_GROUP, Tag, Transport};
 
 /// The tag of heap requests and responses on the carrying transport (the transport's reserved
@@ -56,7 +55,8 @@ pub const DEFAULT_MAX_CHUNK: u64 = 8 << 20;
 const READER_POLL: Duration = Duration::from_millis(50);
 
 struct Shared<T> {
-    inner: Arc<T>,
+    /// The caller's transport, shared with the caller (so `std`'s `Arc` in every build).
+    inner: std::sync::Arc<T>,
     heap: SymmetricHeap,
     completions: Arc<Completions>,
     stop: AtomicBool,
@@ -73,7 +73,9 @@ struct Shared<T> {
 pub struct Symmetric<T: Transport + 'static> {
     shared: Arc<Shared<T>>,
     allocator: Mutex<Allocator>,
-    threads: Vec<JoinHandle<()>>,
+    /// Each peer's reader-to-server queue, closed on drop.
+    queues: Vec<Arc<RequestQueue>>,
+    threads: Vec<thread::JoinHandle<()>>,
     max_chunk: u64,
 }
 
@@ -92,7 +94,7 @@ impl<T: Transport + 'static> Symmetric<T> {
     /// threads per peer). Local: ranks may create theirs in any order; the first `alloc`
     /// checks that every rank chose the same heap size. Transfers travel in chunks of
     /// [`DEFAULT_MAX_CHUNK`] bytes.
-    pub fn new(inner: Arc<T>, heap_size: u64) -> Result<Self> {
+    pub fn new(inner: std::sync::Arc<T>, heap_size: u64) -> Result<Self> {
         Self::with_max_chunk(inner, heap_size, DEFAULT_MAX_CHUNK)
     }
 
@@ -100,7 +102,11 @@ impl<T: Transport + 'static> Symmetric<T> {
     /// data bytes: keep it under the carrying transport's frame cap. Chunks of one transfer are
     /// pipelined (a get's later chunks are read at the target while earlier ones travel) and
     /// keep the per-pair order. `InvalidArgument` when `max_chunk` is 0.
-    pub fn with_max_chunk(inner: Arc<T>, heap_size: u64, max_chunk: u64) -> Result<Self> {
+    pub fn with_max_chunk(
+        inner: std::sync::Arc<T>,
+        heap_size: u64,
+        max_chunk: u64,
+    ) -> Result<Self> {
         if max_chunk == 0 {
             return Err(CollectiveError::invalid(
                 "the heap service's max_chunk must be at least one byte",
@@ -117,13 +123,16 @@ impl<T: Transport + 'static> Symmetric<T> {
         let mut symmetric = Symmetric {
             shared,
             allocator: Mutex::new(Allocator::new(heap_size)),
+            queues: Vec::new(),
             threads: Vec::new(),
             max_chunk,
         };
         for peer in (0..world).filter(|&p| p != rank) {
-            let (queue, requests) = mpsc::channel();
+            let queue = Arc::new(RequestQueue::new());
+            symmetric.queues.push(Arc::clone(&queue));
+            let requests = Arc::clone(&queue);
             let reader_shared = Arc::clone(&symmetric.shared);
-            let reader = std::thread::Builder::new()
+            let reader = thread::Builder::new()
                 .name(format!("rlx-heap-read-{rank}-{peer}"))
                 .spawn(move || read_loop(&reader_shared, peer, &queue))
                 .map_err(|source| CollectiveError::Io {
@@ -132,7 +141,7 @@ impl<T: Transport + 'static> Symmetric<T> {
                 })?;
             symmetric.threads.push(reader);
             let server_shared = Arc::clone(&symmetric.shared);
-            let server = std::thread::Builder::new()
+            let server = thread::Builder::new()
                 .name(format!("rlx-heap-serve-{rank}-{peer}"))
                 .spawn(move || serve_loop(&server_shared, peer, &requests))
                 .map_err(|source| CollectiveError::Io {
@@ -145,7 +154,7 @@ impl<T: Transport + 'static> Symmetric<T> {
     }
 
     /// The carrying transport.
-    pub fn inner(&self) -> &Arc<T> {
+    pub fn inner(&self) -> &std::sync::Arc<T> {
         &self.shared.inner
     }
 
@@ -322,17 +331,17 @@ impl<T: Transport + 'static> Symmetric<T> {
         }
     }
 
-    fn allocator(&self) -> std::sync::MutexGuard<'_, Allocator> {
-        match self.allocator.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+    fn allocator(&self) -> MutexGuard<'_, Allocator> {
+        lock(&self.allocator)
     }
 }
 
 impl<T: Transport + 'static> Drop for Symmetric<T> {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
+        for queue in &self.queues {
+            queue.close();
+        }
         for thread in self.threads.drain(..) {
             // A service thread that panicked has nothing left to clean up; the join result only
             // says whether it did.
@@ -342,7 +351,7 @@ impl<T: Transport + 'static> Drop for Symmetric<T> {
 }
 
 /// Drains the heap messages of `peer`: responses complete requests, requests go to the server.
-fn read_loop<T: Transport>(shared: &Shared<T>, peer: u32, queue: &mpsc::Sender<Vec<u8>>) {
+fn read_loop<T: Transport>(shared: &Shared<T>, peer: u32, queue: &RequestQueue) {
     while !shared.stop.load(Ordering::Relaxed) {
         match shared
             .inner
@@ -351,7 +360,7 @@ fn read_loop<T: Transport>(shared: &Shared<T>, peer: u32, queue: &mpsc::Sender<V
             Ok(None) => {}
             Ok(Some(bytes)) => {
                 if wire::is_request(&bytes) {
-                    if queue.send(bytes).is_err() {
+                    if !queue.push(bytes) {
                         return;
                     }
                 } else if shared.completions.complete(peer, bytes).is_err() {
@@ -368,8 +377,8 @@ fn read_loop<T: Transport>(shared: &Shared<T>, peer: u32, queue: &mpsc::Sender<V
 }
 
 /// Applies `peer`'s requests in arrival order and answers them.
-fn serve_loop<T: Transport>(shared: &Shared<T>, peer: u32, requests: &mpsc::Receiver<Vec<u8>>) {
-    for bytes in requests {
+fn serve_loop<T: Transport>(shared: &Shared<T>, peer: u32, requests: &RequestQueue) {
+    while let Some(bytes) = requests.pop() {
         let reply = match wire::decode(peer, &bytes) {
             Ok(wire::Message::Request(request)) => service::serve(&shared.heap, &request),
             Ok(wire::Message::Response(_)) => {
