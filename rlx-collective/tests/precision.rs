@@ -1,6 +1,6 @@
-//! The precision guarantees of spec §3 through the public API: wide accumulation across hops,
-//! saturation only at the end, round-to-nearest integer means, and bit-identical results on
-//! every rank even for signed zeros and NaN.
+//! The precision guarantees of the collectives through the public API: wide accumulation
+//! across hops, saturation only at the end, round-to-nearest integer means, and bit-identical
+//! results on every rank even for signed zeros and NaN.
 
 mod common;
 

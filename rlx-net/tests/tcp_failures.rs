@@ -86,7 +86,7 @@ fn worker(role: &str) -> Result<(), String> {
 
 fn kill_one_of_four_mid_transfer() {
     let mut worst = 0u128;
-    // Three rounds by default; RLX_NET_TEST_KILL_ROUNDS=20 reproduces the soak.
+    // Three rounds by default; RLX_NET_TEST_KILL_ROUNDS=20 makes it a soak.
     let rounds: u32 = std::env::var("RLX_NET_TEST_KILL_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())

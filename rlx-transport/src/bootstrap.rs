@@ -1,4 +1,4 @@
-//! Launch conventions shared by the socket transports (TCP now, Thunderbolt next): which
+//! Launch conventions shared by the socket transports (TCP and Thunderbolt): which
 //! environment variables name the rank, the world size, the rendezvous and the knobs, and how an
 //! MLX-style hostfile reads.
 //!

@@ -9,7 +9,8 @@ use crate::symmetric::{Cmp, Completion, Region, Signal, SymmetricHeap, Symmetric
 use crate::{CollectiveError, DType, ReduceKind, Result, TRANSPORT_GROUP, Tag};
 
 /// The default operation timeout: how long a blocking receive waits before it fails with
-/// [`CollectiveError::Timeout`] (spec: 300 s, `RLX_TIMEOUT_MS` overrides in the launchers).
+/// [`CollectiveError::Timeout`] (300 s, long enough for a slow first step of a large model;
+/// `RLX_TIMEOUT_MS` overrides it in the launchers).
 pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Two-sided, tagged, matched message passing between the ranks of one world.
