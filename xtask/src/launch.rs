@@ -1,504 +1,513 @@
-//! Launching the ranks of a local job as child processes, the way a user's launcher would: each
-//! rank gets its environment, its stdout and stderr are streamed back line by line, and every
-//! child is killed and reaped on every exit path — normal return, error, panic and Ctrl-C.
+//! `cargo xtask launch`: runs any program as the ranks of one job, the way torchrun's standalone
+//! mode, `mlx.launch` or `mpirun` do.
 //!
-//! Ctrl-C and SIGTERM go through one process-wide handler ([`install_interrupt_handler`]) that
-//! kills every registered child and runs the registered cleanups (network namespaces) before
-//! the launcher exits, because a signal does not run destructors.
+//! Every rank gets the launch environment its transport reads (`RLX_RANK`, `RLX_WORLD_SIZE`,
+//! `RLX_MASTER_ADDR`/`RLX_MASTER_PORT` or `RLX_HOSTFILE`, `RLX_BACKEND`), the names a program
+//! written for torchrun reads (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`,
+//! `MASTER_ADDR`, `MASTER_PORT`), and `RLX_LOCAL_RANK`/`RLX_LOCAL_WORLD_SIZE`. Its output comes
+//! back line by line with a `[rank] ` prefix. The first rank to fail (a non-zero exit or a
+//! signal) is named; the others get a grace period to end by themselves and are then killed,
+//! and the launcher exits with the failed rank's code (128 + the signal for a signal, as a
+//! shell reports it). Ctrl-C kills every rank. The local ranks run through the same [`Job`] and
+//! [`World`] as `test-cluster` and `bench`, network namespaces included.
+//!
+//! With `--hostfile`, the job is the one the file describes (MLX's format: one list of
+//! `"host:port"` per rank): ranks on this host run here, ranks on other hosts are started with
+//! `ssh HOST`, in the same working directory, with the environment set on the remote command
+//! line (the hostfile travels inline in `RLX_HOSTFILE`, so no file needs copying).
 
-use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
-use std::sync::{Arc, Mutex, Once};
-use std::thread;
-use std::time::Duration;
+use std::net::IpAddr;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
 
-/// Process ids of the children alive right now, killed by the interrupt handler.
-static LIVE_CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+use clap::Args;
 
-/// A cleanup, called with the key it was registered under.
-type Cleanup = fn(&str);
+use crate::job::{ChildSpec, Job, Output, Stream};
+use crate::world::{TransportKind, World, WorldArgs};
 
-/// Cleanups the interrupt handler runs after killing the children, keyed by a name so that the
-/// normal path can unregister the ones it ran itself.
-static CLEANUPS: Mutex<BTreeMap<String, Cleanup>> = Mutex::new(BTreeMap::new());
-
-/// Installs the Ctrl-C / SIGTERM handler once per process. Safe to call many times.
-pub(crate) fn install_interrupt_handler() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let installed = ctrlc::set_handler(|| {
-            eprintln!("\nxtask: interrupted; killing every rank and cleaning up");
-            kill_all_registered();
-            run_registered_cleanups();
-            std::process::exit(130);
-        });
-        if let Err(e) = installed {
-            eprintln!("xtask: could not install the Ctrl-C handler ({e}); an interrupt may leave ranks behind");
-        }
-    });
-}
-
-/// Registers `cleanup(key)` to run if the launcher is interrupted before
-/// [`unregister_cleanup`]`(key)` is called.
-pub(crate) fn register_cleanup(key: &str, cleanup: Cleanup) {
-    lock(&CLEANUPS).insert(key.to_owned(), cleanup);
-}
-
-/// Removes a cleanup registered with [`register_cleanup`] (the normal path ran it itself).
-pub(crate) fn unregister_cleanup(key: &str) {
-    lock(&CLEANUPS).remove(key);
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic while holding these locks cannot leave the vector or map half-updated, so a
-    // poisoned lock is still safe to use; cleanup must go on.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn kill_all_registered() {
-    for pid in lock(&LIVE_CHILDREN).drain(..) {
-        kill_pid(pid);
-    }
-}
-
-fn run_registered_cleanups() {
-    let cleanups = std::mem::take(&mut *lock(&CLEANUPS));
-    for (key, cleanup) in cleanups {
-        cleanup(&key);
-    }
-}
-
-/// Sends SIGKILL to `pid`.
-fn kill_pid(pid: u32) {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return;
-    };
-    // SAFETY: `kill` has no memory-safety preconditions; `pid` is a child this process spawned
-    // and has not reaped yet (it is removed from the registry before it is waited for), so the
-    // id cannot have been recycled for an unrelated process.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-    }
-}
-
-/// `n` distinct free TCP ports on the loopback interface, outside the kernel's ephemeral
-/// range (see `rlx_transport::ports`): ranks listen on them a moment later.
-pub(crate) fn free_ports(n: usize) -> Result<Vec<u16>, String> {
-    rlx_transport::ports::free_loopback_ports(n).map_err(|e| e.to_string())
-}
-
-/// One free TCP port on the loopback interface, as [`free_ports`] chooses them.
-pub(crate) fn free_port() -> Result<u16, String> {
-    free_ports(1).map(|ports| ports[0])
-}
-
-/// How to start one child of a job.
-#[derive(Debug, Clone)]
-pub(crate) struct ChildSpec {
-    /// A short name for messages (`"rank 2"`, `"openmpi"`).
-    pub(crate) label: String,
-    /// The program to execute.
-    pub(crate) program: PathBuf,
-    /// Its arguments.
-    pub(crate) args: Vec<OsString>,
-    /// Variables added to the inherited environment.
+/// Flags of `cargo xtask launch`.
+#[derive(Debug, Args)]
+pub(crate) struct LaunchArgs {
+    /// Number of ranks (with --hostfile, the file's length unless given).
+    #[arg(short = 'n', long = "ranks")]
+    pub(crate) ranks: Option<u32>,
+    /// The transport, rendezvous and network namespaces of a local job.
+    #[command(flatten)]
+    pub(crate) world: WorldArgs,
+    /// An MLX-style JSON hostfile (one list of "host:port" per rank); ranks on other hosts are
+    /// started over ssh.
+    #[arg(long, conflicts_with = "netns")]
+    pub(crate) hostfile: Option<PathBuf>,
+    /// An environment variable for every rank (repeatable).
+    #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_env)]
     pub(crate) env: Vec<(String, String)>,
-    /// Variables removed from the inherited environment (so that a user's own `RLX_*` settings
-    /// cannot leak into a launched rank).
-    pub(crate) env_remove: Vec<String>,
-    /// The network namespace to run it in (`ip netns exec NAME`), if any.
-    pub(crate) netns: Option<String>,
-    /// The CPU to bind it to (Linux), if any.
-    pub(crate) cpu: Option<usize>,
+    /// Seconds the other ranks get to end by themselves after the first one failed.
+    #[arg(long, default_value_t = 5.0)]
+    pub(crate) grace: f64,
+    /// The ranks' operation timeout (RLX_TIMEOUT_MS), in milliseconds.
+    #[arg(long)]
+    pub(crate) timeout_ms: Option<u64>,
+    /// The program and its arguments.
+    #[arg(last = true, required = true, value_name = "PROGRAM")]
+    pub(crate) command: Vec<OsString>,
 }
 
-impl ChildSpec {
-    /// A spec for `program` with no arguments, environment changes or namespace.
-    pub(crate) fn new(label: impl Into<String>, program: impl Into<PathBuf>) -> ChildSpec {
-        ChildSpec {
-            label: label.into(),
-            program: program.into(),
-            args: Vec::new(),
-            env: Vec::new(),
-            env_remove: Vec::new(),
-            netns: None,
-            cpu: None,
-        }
-    }
-
-    /// Binds the child to one CPU (on Linux; elsewhere it runs unbound), as `mpirun` binds its
-    /// ranks.
-    pub(crate) fn on_cpu(mut self, cpu: usize) -> ChildSpec {
-        self.cpu = Some(cpu);
-        self
-    }
-
-    /// Appends arguments.
-    pub(crate) fn args<I, S>(mut self, args: I) -> ChildSpec
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<OsString>,
-    {
-        self.args.extend(args.into_iter().map(Into::into));
-        self
-    }
-
-    /// Sets one environment variable.
-    pub(crate) fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> ChildSpec {
-        self.env.push((key.into(), value.into()));
-        self
-    }
-
-    fn command(&self) -> Command {
-        let mut command = match &self.netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns]).arg(&self.program);
-                c
-            }
-            None => Command::new(&self.program),
-        };
-        command.args(&self.args);
-        #[cfg(target_os = "linux")]
-        if let Some(cpu) = self.cpu {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: the closure runs in the forked child before exec, where only
-            // async-signal-safe work is allowed: it fills a CPU set on its own stack and makes
-            // one system call, allocating nothing and taking no lock.
-            unsafe {
-                command.pre_exec(move || {
-                    let mut set: libc::cpu_set_t = std::mem::zeroed();
-                    libc::CPU_SET(cpu, &mut set);
-                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0
-                    {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
-        for key in &self.env_remove {
-            command.env_remove(key);
-        }
-        for (key, value) in &self.env {
-            command.env(key, value);
-        }
-        command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        command
+fn parse_env(item: &str) -> Result<(String, String), String> {
+    match item.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("{item:?} is not KEY=VALUE")),
     }
 }
 
-/// Which stream of a child a line came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stream {
-    /// Standard output (the machine-readable protocol).
-    Stdout,
-    /// Standard error (logs, shown to the user).
-    Stderr,
-}
-
-/// Something a child did, in the order the launcher observed it.
-#[derive(Debug)]
-pub(crate) enum Output {
-    /// One line (without its newline) on one of its streams.
-    Line {
-        /// Index of the child in the job.
-        child: usize,
-        /// The stream.
-        stream: Stream,
-        /// The text.
-        text: String,
-    },
-    /// The child's stdout and stderr both reached end of file (it exited or closed them).
-    Closed {
-        /// Index of the child in the job.
-        child: usize,
-    },
-}
-
-/// The children of one job. Dropping it kills and reaps every child still running.
-#[derive(Debug)]
-pub(crate) struct Job {
-    labels: Vec<String>,
-    children: Vec<Option<Child>>,
-    stdins: Vec<Option<ChildStdin>>,
-    statuses: Vec<Option<ExitStatus>>,
-    rx: Receiver<Output>,
-}
-
-impl Job {
-    /// Starts every child. If one cannot be started, the ones already started are killed.
-    pub(crate) fn spawn(specs: &[ChildSpec]) -> Result<Job, String> {
-        install_interrupt_handler();
-        let (tx, rx) = channel();
-        let mut job = Job {
-            labels: specs.iter().map(|s| s.label.clone()).collect(),
-            children: Vec::new(),
-            stdins: Vec::new(),
-            statuses: vec![None; specs.len()],
-            rx,
-        };
-        for (index, spec) in specs.iter().enumerate() {
-            // The registry lock is held across the spawn so that an interrupt arriving in
-            // between cannot miss the new child.
-            let mut registry = lock(&LIVE_CHILDREN);
-            let mut child = spec.command().spawn().map_err(|e| {
-                format!(
-                    "could not start {} ({}): {e}",
-                    spec.label,
-                    spec.program.display()
-                )
-            })?;
-            registry.push(child.id());
-            drop(registry);
-            // Both streams are piped, so both readers exist; the last one to finish reports
-            // the child closed, so that no line of either stream comes after `Closed`.
-            let open_streams = Arc::new(AtomicUsize::new(2));
-            if let Some(stdout) = child.stdout.take() {
-                forward_lines(
-                    index,
-                    Stream::Stdout,
-                    stdout,
-                    tx.clone(),
-                    Arc::clone(&open_streams),
-                );
-            }
-            if let Some(stderr) = child.stderr.take() {
-                forward_lines(index, Stream::Stderr, stderr, tx.clone(), open_streams);
-            }
-            job.stdins.push(child.stdin.take());
-            job.children.push(Some(child));
-        }
-        Ok(job)
+/// Runs the job and returns the launcher's exit code: 0 when every rank exited 0, else the
+/// code of the rank that failed first.
+pub(crate) fn run(args: &LaunchArgs) -> Result<u8, String> {
+    let (program, program_args) = args
+        .command
+        .split_first()
+        .ok_or("launch needs a program to run (after --)")?;
+    if args.world.transport == TransportKind::Mem {
+        return Err(
+            "launch runs one process per rank; --transport mem is for test-cluster".to_owned(),
+        );
     }
-
-    /// The label of child `index`.
-    pub(crate) fn label(&self, index: usize) -> &str {
-        self.labels.get(index).map_or("?", String::as_str)
+    if !args.grace.is_finite() || args.grace < 0.0 {
+        return Err(format!("--grace {} is not a number of seconds", args.grace));
     }
-
-    /// The next output of any child, waiting at most `timeout`. `None` on deadline, or when
-    /// every stream is closed.
-    pub(crate) fn next(&self, timeout: Duration) -> Option<Output> {
-        match self.rx.recv_timeout(timeout) {
-            Ok(output) => Some(output),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => {
-                // Every reader has finished; sleep so that callers polling in a loop do not spin.
-                thread::sleep(timeout);
-                None
-            }
-        }
-    }
-
-    /// Writes `line` and a newline to child `index`'s stdin.
-    pub(crate) fn send_line(&mut self, index: usize, line: &str) -> Result<(), String> {
-        let label = self.label(index).to_owned();
-        let stdin = self
-            .stdins
-            .get_mut(index)
-            .and_then(Option::as_mut)
-            .ok_or_else(|| format!("{label}: its stdin is closed"))?;
-        writeln!(stdin, "{line}")
-            .and_then(|()| stdin.flush())
-            .map_err(|e| format!("{label}: could not write to its stdin: {e}"))
-    }
-
-    /// Closes child `index`'s stdin (workers exit when it reaches end of file).
-    pub(crate) fn close_stdin(&mut self, index: usize) {
-        if let Some(slot) = self.stdins.get_mut(index) {
-            slot.take();
-        }
-    }
-
-    /// Kills child `index` with SIGKILL (no-op when it already ended) and reaps it.
-    pub(crate) fn kill(&mut self, index: usize) {
-        if let Some(child) = self.children.get_mut(index).and_then(Option::take) {
-            reap(child, true, &mut self.statuses[index]);
-        }
-    }
-
-    /// Whether child `index` has exited, reaping it if so; its exit status when known.
-    pub(crate) fn poll_exit(&mut self, index: usize) -> Option<ExitStatus> {
-        if let Some(status) = self.statuses.get(index).copied().flatten() {
-            return Some(status);
-        }
-        let slot = self.children.get_mut(index)?;
-        let child = slot.as_mut()?;
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                lock(&LIVE_CHILDREN).retain(|&pid| pid != child.id());
-                slot.take();
-                self.statuses[index] = Some(status);
-                Some(status)
-            }
-            _ => None,
-        }
-    }
-
-    /// Waits up to `grace` for every child to exit by itself (after its stdin was closed),
-    /// then kills the rest. Returns each child's exit status (`None` when it had to be killed).
-    pub(crate) fn finish(&mut self, grace: Duration) -> Vec<Option<ExitStatus>> {
-        for index in 0..self.stdins.len() {
-            self.close_stdin(index);
-        }
-        let deadline = std::time::Instant::now() + grace;
-        let mut killed = vec![false; self.children.len()];
-        loop {
-            let running: Vec<usize> = (0..self.children.len())
-                .filter(|&i| self.poll_exit(i).is_none() && self.children[i].is_some())
+    let program = PathBuf::from(program);
+    let program_args: Vec<String> = program_args
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    // The world (ports, namespaces) lives until every rank has ended.
+    let (_world, mut specs) = match &args.hostfile {
+        None => {
+            let size = args.ranks.unwrap_or(1);
+            let world = World::prepare(&args.world.config(size, args.timeout_ms))?;
+            let specs = (0..size)
+                .map(|rank| local_names(world.child(rank, &program, program_args.clone()), size))
                 .collect();
-            if running.is_empty() {
-                break;
+            (Some(world), specs)
+        }
+        Some(file) => (None, from_hostfile(args, file, &program, &program_args)?),
+    };
+    for spec in &mut specs {
+        spec.env.extend(args.env.iter().cloned());
+    }
+    let grace = Duration::from_secs_f64(args.grace);
+    let outcome = supervise(&specs, grace, &mut |rank, stream, text| match stream {
+        Stream::Stdout => println!("[{rank}] {text}"),
+        Stream::Stderr => eprintln!("[{rank}] {text}"),
+    })?;
+    if let Some(failure) = &outcome.first_failure {
+        eprintln!(
+            "launch: rank {} failed first: {}",
+            failure.rank, failure.how
+        );
+        if !failure.ended.is_empty() {
+            let ranks: Vec<String> = failure.ended.iter().map(ToString::to_string).collect();
+            eprintln!(
+                "launch: killed rank(s) {} still running {:.1} s after that",
+                ranks.join(", "),
+                grace.as_secs_f64()
+            );
+        }
+    }
+    Ok(outcome.code)
+}
+
+/// Adds the torchrun names and the local rank to the spec of a rank on this host, where every
+/// rank of the job runs.
+fn local_names(mut spec: ChildSpec, size: u32) -> ChildSpec {
+    let mirrored: Vec<(String, String)> = spec
+        .env
+        .iter()
+        .filter_map(|(key, value)| {
+            let torchrun = match key.as_str() {
+                "RLX_RANK" | "MLX_RANK" => "RANK",
+                "RLX_MASTER_ADDR" => "MASTER_ADDR",
+                "RLX_MASTER_PORT" => "MASTER_PORT",
+                _ => return None,
+            };
+            Some((torchrun.to_owned(), value.clone()))
+        })
+        .collect();
+    let rank = mirrored
+        .iter()
+        .find(|(key, _)| key == "RANK")
+        .map(|(_, value)| value.clone())
+        .unwrap_or_default();
+    spec.env.extend(mirrored);
+    spec.env.push(("WORLD_SIZE".to_owned(), size.to_string()));
+    for (key, value) in [
+        ("LOCAL_RANK", rank.clone()),
+        ("RLX_LOCAL_RANK", rank),
+        ("LOCAL_WORLD_SIZE", size.to_string()),
+        ("RLX_LOCAL_WORLD_SIZE", size.to_string()),
+    ] {
+        spec.env.push((key.to_owned(), value));
+    }
+    spec
+}
+
+/// The ranks a hostfile describes: here for this host's addresses, over `ssh` for the others.
+fn from_hostfile(
+    args: &LaunchArgs,
+    file: &Path,
+    program: &Path,
+    program_args: &[String],
+) -> Result<Vec<ChildSpec>, String> {
+    let origin = file.display().to_string();
+    let text = std::fs::read_to_string(file).map_err(|e| format!("{origin}: {e}"))?;
+    let hosts = rlx_transport::bootstrap::parse_hostfile(&origin, &text)
+        .map_err(|e| format!("{origin}: {e}"))?;
+    let size = u32::try_from(hosts.len()).map_err(|_| format!("{origin}: too many ranks"))?;
+    if args.ranks.is_some_and(|n| n != size) {
+        return Err(format!(
+            "-n {} but {origin} lists {size} ranks",
+            args.ranks.unwrap_or_default()
+        ));
+    }
+    // The inline form travels on a remote command line and needs no copy of the file.
+    let inline = serde_json::to_string(&hosts).map_err(|e| format!("{origin}: {e}"))?;
+    let names: Vec<String> = hosts
+        .iter()
+        .map(|links| {
+            let first = links.first().map_or("", String::as_str);
+            rlx_transport::bootstrap::split_host_port(first)
+                .map(|(host, _)| host)
+                .map_err(|e| format!("{origin}: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let transport = args.world.transport;
+    let mut specs = Vec::new();
+    for (rank, host) in names.iter().enumerate() {
+        let local_rank = names[..rank].iter().filter(|h| *h == host).count();
+        let local_size = names.iter().filter(|h| *h == host).count();
+        let mut env: Vec<(String, String)> = vec![("RLX_BACKEND".into(), transport.name().into())];
+        if transport == TransportKind::Mlx {
+            // MLX's own ring backend reads a hostfile path.
+            let path = std::fs::canonicalize(file).map_err(|e| format!("{origin}: {e}"))?;
+            env.push(("MLX_RANK".into(), rank.to_string()));
+            env.push(("MLX_HOSTFILE".into(), path.display().to_string()));
+        } else {
+            env.push(("RLX_RANK".into(), rank.to_string()));
+            env.push(("RLX_WORLD_SIZE".into(), size.to_string()));
+            env.push(("RLX_HOSTFILE".into(), inline.clone()));
+        }
+        env.push(("RANK".into(), rank.to_string()));
+        env.push(("WORLD_SIZE".into(), size.to_string()));
+        for key in ["LOCAL_RANK", "RLX_LOCAL_RANK"] {
+            env.push((key.into(), local_rank.to_string()));
+        }
+        for key in ["LOCAL_WORLD_SIZE", "RLX_LOCAL_WORLD_SIZE"] {
+            env.push((key.into(), local_size.to_string()));
+        }
+        if let Some(ms) = args.timeout_ms {
+            env.push(("RLX_TIMEOUT_MS".into(), ms.to_string()));
+        }
+        let label = format!("rank {rank}");
+        let spec = if is_this_host(host) {
+            let mut spec = ChildSpec::new(label, program).args(program_args.iter().cloned());
+            spec.env = env;
+            spec
+        } else {
+            let cwd = std::env::current_dir().map_err(|e| format!("working directory: {e}"))?;
+            ChildSpec::new(label, "ssh").args([
+                "-o".to_owned(),
+                "BatchMode=yes".to_owned(),
+                host.clone(),
+                remote_command(&cwd, &env, program, program_args),
+            ])
+        };
+        specs.push(spec);
+    }
+    Ok(specs)
+}
+
+/// Whether `host` names this machine: `localhost`, a loopback address or an address of one of
+/// its interfaces.
+fn is_this_host(host: &str) -> bool {
+    if host == "localhost" {
+        return true;
+    }
+    let Ok(ip) = host.parse::<IpAddr>() else {
+        return false;
+    };
+    ip.is_loopback()
+        || rlx_transport::interfaces::addresses().is_ok_and(|interfaces| {
+            interfaces
+                .iter()
+                .any(|interface| interface.addr == Some(ip))
+        })
+}
+
+/// The shell command `ssh` runs on a remote host: the working directory, the environment and
+/// the program, each word quoted for a POSIX shell.
+fn remote_command(cwd: &Path, env: &[(String, String)], program: &Path, args: &[String]) -> String {
+    let mut words = vec![
+        "cd".to_owned(),
+        quote(&cwd.display().to_string()),
+        "&&".to_owned(),
+    ];
+    words.push("exec".to_owned());
+    words.push("env".to_owned());
+    words.extend(env.iter().map(|(k, v)| quote(&format!("{k}={v}"))));
+    words.push(quote(&program.display().to_string()));
+    words.extend(args.iter().map(|a| quote(a)));
+    words.join(" ")
+}
+
+/// `word` in single quotes, with embedded single quotes closed, escaped and reopened.
+fn quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
+/// The first rank that failed, and what became of the others.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    /// The rank.
+    pub(crate) rank: usize,
+    /// How it ended (`exited with code 3`, `killed by signal 9`).
+    pub(crate) how: String,
+    /// The ranks still running at the end of the grace period, which were killed.
+    pub(crate) ended: Vec<usize>,
+}
+
+/// How a job ended.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    /// The launcher's exit code.
+    pub(crate) code: u8,
+    /// The first failure, if any rank failed.
+    pub(crate) first_failure: Option<Failure>,
+}
+
+/// Runs `specs` as one job: hands every output line to `line(rank, stream, text)`, and when a
+/// rank fails gives the others `grace` before killing them.
+pub(crate) fn supervise(
+    specs: &[ChildSpec],
+    grace: Duration,
+    line: &mut dyn FnMut(usize, Stream, &str),
+) -> Result<Outcome, String> {
+    let mut job = Job::spawn(specs)?;
+    for rank in 0..specs.len() {
+        // Ranks read no input from the launcher: end of file at once.
+        job.close_stdin(rank);
+    }
+    let mut exited: Vec<Option<ExitStatus>> = vec![None; specs.len()];
+    let mut closed = vec![false; specs.len()];
+    let mut failure: Option<(Failure, Instant)> = None;
+    loop {
+        match job.next(Duration::from_millis(20)) {
+            Some(Output::Line {
+                child,
+                stream,
+                text,
+            }) => line(child, stream, &text),
+            Some(Output::Closed { child }) => closed[child] = true,
+            None => {}
+        }
+        for (rank, slot) in exited.iter_mut().enumerate() {
+            if slot.is_some() {
+                continue;
             }
-            if std::time::Instant::now() >= deadline {
-                for i in running {
-                    killed[i] = true;
-                    self.kill(i);
+            let Some(status) = job.poll_exit(rank) else {
+                continue;
+            };
+            *slot = Some(status);
+            if !status.success() && failure.is_none() {
+                let failed = Failure {
+                    rank,
+                    how: describe(status),
+                    ended: Vec::new(),
+                };
+                failure = Some((failed, Instant::now() + grace));
+            }
+        }
+        let running: Vec<usize> = (0..specs.len()).filter(|&r| exited[r].is_none()).collect();
+        if running.is_empty() {
+            break;
+        }
+        if let Some((failed, deadline)) = &mut failure {
+            if Instant::now() >= *deadline {
+                for &rank in &running {
+                    job.kill(rank);
+                    exited[rank] = job.poll_exit(rank);
                 }
+                failed.ended = running;
                 break;
             }
-            thread::sleep(Duration::from_millis(10));
         }
-        self.statuses
-            .iter()
-            .zip(killed)
-            .map(|(status, killed)| if killed { None } else { *status })
-            .collect()
+    }
+    // What the ranks wrote just before they ended is still on its way.
+    let drain_until = Instant::now() + Duration::from_secs(1);
+    while closed.iter().any(|c| !c) && Instant::now() < drain_until {
+        match job.next(Duration::from_millis(20)) {
+            Some(Output::Line {
+                child,
+                stream,
+                text,
+            }) => line(child, stream, &text),
+            Some(Output::Closed { child }) => closed[child] = true,
+            None => {}
+        }
+    }
+    let code = failure
+        .as_ref()
+        .map_or(0, |(failed, _)| exited[failed.rank].map_or(1, exit_code));
+    Ok(Outcome {
+        code,
+        first_failure: failure.map(|(failed, _)| failed),
+    })
+}
+
+/// The code a shell reports for `status`: its exit code, or 128 + the signal that ended it.
+fn exit_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(1),
+        (None, Some(signal)) => u8::try_from((128 + signal) & 0xff).unwrap_or(1),
+        (None, None) => 1,
     }
 }
 
-impl Drop for Job {
-    fn drop(&mut self) {
-        for (index, slot) in self.children.iter_mut().enumerate() {
-            if let Some(child) = slot.take() {
-                reap(child, true, &mut self.statuses[index]);
-            }
+/// `exited with code 3` or `killed by signal 9 (SIGKILL)`.
+fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with code {code}"),
+        (None, Some(signal)) => {
+            let name = match signal {
+                libc::SIGKILL => " (SIGKILL)",
+                libc::SIGTERM => " (SIGTERM)",
+                libc::SIGINT => " (SIGINT)",
+                libc::SIGSEGV => " (SIGSEGV)",
+                libc::SIGABRT => " (SIGABRT)",
+                libc::SIGBUS => " (SIGBUS)",
+                _ => "",
+            };
+            format!("killed by signal {signal}{name}")
         }
+        (None, None) => format!("ended with {status}"),
     }
-}
-
-/// Kills (when asked) and waits for `child`, unregistering it first so that the interrupt
-/// handler never signals a reaped (and possibly recycled) process id.
-fn reap(mut child: Child, kill: bool, status: &mut Option<ExitStatus>) {
-    if kill {
-        // An error means the child already exited; waiting below reaps it either way.
-        let _ = child.kill();
-    }
-    lock(&LIVE_CHILDREN).retain(|&pid| pid != child.id());
-    if let Ok(s) = child.wait() {
-        *status = Some(s);
-    }
-}
-
-/// Reads `stream` line by line on a thread of its own and forwards each line; the last of a
-/// child's readers to reach end of file sends [`Output::Closed`].
-fn forward_lines(
-    child: usize,
-    stream: Stream,
-    source: impl Read + Send + 'static,
-    tx: Sender<Output>,
-    open_streams: Arc<AtomicUsize>,
-) {
-    thread::spawn(move || {
-        let reader = BufReader::new(source);
-        for line in reader.split(b'\n') {
-            let Ok(bytes) = line else { break };
-            let text = String::from_utf8_lossy(&bytes)
-                .trim_end_matches('\r')
-                .to_owned();
-            if tx
-                .send(Output::Line {
-                    child,
-                    stream,
-                    text,
-                })
-                .is_err()
-            {
-                return;
-            }
-        }
-        if open_streams.fetch_sub(1, Ordering::SeqCst) == 1 {
-            // The launcher may be gone already; nobody is left to tell then.
-            let _ = tx.send(Output::Closed { child });
-        }
-    });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Collects every output of `job` until `index` closes (or 10 s pass).
-    fn drain(job: &Job, index: usize) -> (Vec<(Stream, String)>, bool) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    fn shell(rank: usize, script: &str) -> ChildSpec {
+        ChildSpec::new(format!("rank {rank}"), "sh")
+            .args(["-c", script])
+            .env("RLX_RANK", rank.to_string())
+    }
+
+    fn collect(specs: &[ChildSpec], grace: Duration) -> (Outcome, Vec<(usize, String)>) {
         let mut lines = Vec::new();
-        while std::time::Instant::now() < deadline {
-            match job.next(Duration::from_millis(50)) {
-                Some(Output::Line {
-                    child,
-                    stream,
-                    text,
-                }) if child == index => lines.push((stream, text)),
-                Some(Output::Closed { child }) if child == index => return (lines, true),
-                _ => {}
-            }
+        let outcome = supervise(specs, grace, &mut |rank, _, text| {
+            lines.push((rank, text.to_owned()));
+        })
+        .unwrap();
+        (outcome, lines)
+    }
+
+    #[test]
+    fn every_rank_succeeding_is_exit_zero_with_every_line() {
+        let specs: Vec<_> = (0..3).map(|r| shell(r, "echo hello $RLX_RANK")).collect();
+        let (outcome, lines) = collect(&specs, Duration::from_secs(5));
+        assert_eq!(outcome.code, 0);
+        assert!(outcome.first_failure.is_none());
+        for rank in 0..3 {
+            assert!(
+                lines.contains(&(rank, format!("hello {rank}"))),
+                "{lines:?}"
+            );
         }
-        (lines, false)
     }
 
     #[test]
-    fn lines_flow_both_ways_and_closed_comes_last() {
-        let spec = ChildSpec::new("shell", "sh")
-            .args([
-                "-c",
-                "echo out; echo err 1>&2; read x; echo \"got $x\"; echo \"$RLX_TEST_VAR\"",
-            ])
-            .env("RLX_TEST_VAR", "from-env");
-        let mut job = Job::spawn(&[spec]).unwrap();
-        job.send_line(0, "ping").unwrap();
-        let (lines, closed) = drain(&job, 0);
-        assert!(closed, "{lines:?}");
-        let stdout: Vec<&str> = lines
-            .iter()
-            .filter(|(s, _)| *s == Stream::Stdout)
-            .map(|(_, t)| t.as_str())
-            .collect();
-        assert_eq!(stdout, ["out", "got ping", "from-env"]);
-        assert!(lines.contains(&(Stream::Stderr, "err".to_owned())));
-        let statuses = job.finish(Duration::from_secs(5));
-        assert!(statuses[0].is_some_and(|s| s.success()), "{statuses:?}");
+    fn the_first_failed_rank_gives_its_code_and_the_rest_are_ended() {
+        let specs = vec![
+            shell(0, "sleep 60"),
+            shell(1, "echo about to fail; exit 3"),
+            shell(2, "sleep 60"),
+        ];
+        let started = Instant::now();
+        let (outcome, lines) = collect(&specs, Duration::from_millis(300));
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the sleepers were not ended"
+        );
+        assert_eq!(outcome.code, 3);
+        let failure = outcome.first_failure.unwrap();
+        assert_eq!(failure.rank, 1);
+        assert_eq!(failure.how, "exited with code 3");
+        assert_eq!(failure.ended, vec![0, 2]);
+        assert!(
+            lines.contains(&(1, "about to fail".to_owned())),
+            "{lines:?}"
+        );
     }
 
     #[test]
-    fn kill_reaps_and_unregisters() {
-        let mut job = Job::spawn(&[ChildSpec::new("sleeper", "sleep").args(["1000"])]).unwrap();
-        let pid = job.children[0].as_ref().map(Child::id).unwrap();
-        assert!(lock(&LIVE_CHILDREN).contains(&pid));
-        job.kill(0);
-        assert!(!lock(&LIVE_CHILDREN).contains(&pid));
-        let status = job.poll_exit(0).unwrap();
-        assert!(!status.success());
-        // A child that ends by itself after its stdin closes is reaped by finish().
-        let mut job = Job::spawn(&[ChildSpec::new("cat", "cat")]).unwrap();
-        let statuses = job.finish(Duration::from_secs(5));
-        assert!(statuses[0].is_some_and(|s| s.success()));
+    fn a_killed_rank_is_named_with_its_signal() {
+        let specs = vec![shell(0, "kill -9 $$"), shell(1, "exit 0")];
+        let (outcome, _) = collect(&specs, Duration::from_secs(5));
+        assert_eq!(outcome.code, 128 + 9);
+        let failure = outcome.first_failure.unwrap();
+        assert_eq!(
+            (failure.rank, failure.how.as_str()),
+            (0, "killed by signal 9 (SIGKILL)")
+        );
+        assert!(failure.ended.is_empty());
     }
 
     #[test]
-    fn a_missing_program_is_an_error_not_a_panic() {
-        let err =
-            Job::spawn(&[ChildSpec::new("ghost", "/nonexistent/rlx-no-such-program")]).unwrap_err();
-        assert!(err.contains("ghost"), "{err}");
+    fn ranks_that_end_within_the_grace_are_not_killed() {
+        let specs = vec![shell(0, "exit 2"), shell(1, "sleep 0.2; exit 0")];
+        let (outcome, _) = collect(&specs, Duration::from_secs(20));
+        assert_eq!(outcome.code, 2);
+        assert!(outcome.first_failure.unwrap().ended.is_empty());
+    }
+
+    #[test]
+    fn remote_commands_quote_every_word() {
+        let command = remote_command(
+            Path::new("/home/me/my job"),
+            &[("RLX_HOSTFILE".into(), r#"[["h:1"]]"#.into())],
+            Path::new("./train"),
+            &["it's".into()],
+        );
+        assert_eq!(
+            command,
+            r#"cd '/home/me/my job' && exec env 'RLX_HOSTFILE=[["h:1"]]' './train' 'it'\''s'"#
+        );
+    }
+
+    #[test]
+    fn local_ranks_get_the_torchrun_names() {
+        let spec = local_names(
+            ChildSpec::new("rank 1", "prog")
+                .env("RLX_RANK", "1")
+                .env("RLX_MASTER_ADDR", "127.0.0.1")
+                .env("RLX_MASTER_PORT", "29400"),
+            4,
+        );
+        for (key, value) in [
+            ("RANK", "1"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "1"),
+            ("RLX_LOCAL_RANK", "1"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29400"),
+        ] {
+            assert!(
+                spec.env.contains(&(key.to_owned(), value.to_owned())),
+                "{key}: {:?}",
+                spec.env
+            );
+        }
     }
 }

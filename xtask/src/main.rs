@@ -1,11 +1,12 @@
 //! `cargo xtask`: the project's automation. `ci` is exactly what CI runs; `loom` runs the model
 //! checks; `test-cluster` and `bench` launch real multi-process jobs, whose ranks are this same
-//! binary re-executed with a hidden subcommand.
+//! binary re-executed with a hidden subcommand; `launch` runs a user's own program as the ranks.
 
 mod bench;
 mod ci;
 mod cluster;
 mod cmd;
+mod job;
 mod launch;
 mod loom;
 mod macos;
@@ -36,6 +37,9 @@ enum Command {
     /// An nccl-tests style sweep (busbw, #wrong), optionally side by side with Open MPI, Gloo
     /// and MLX.
     Bench(bench::BenchArgs),
+    /// Runs any program as N ranks with the launch environment (torchrun / mlx.launch style):
+    /// rank-prefixed output, and the first failed rank's exit code.
+    Launch(launch::LaunchArgs),
     /// One test-cluster rank (started by test-cluster).
     #[command(name = "__rank", hide = true)]
     Rank(cluster::worker::RankArgs),
@@ -47,6 +51,15 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Launch(args) => {
+            return match launch::run(&args) {
+                Ok(code) => ExitCode::from(code),
+                Err(message) => {
+                    eprintln!("xtask launch: {message}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Command::Ci(args) => ci::run(&args),
         Command::Loom(args) => loom::run(&args),
         Command::TestCluster(args) => cluster::run(&args),

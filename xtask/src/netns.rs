@@ -12,7 +12,7 @@
 use std::net::Ipv4Addr;
 use std::process::Command;
 
-use crate::launch;
+use crate::job;
 
 /// The prefix of every namespace this module creates.
 pub(crate) const PREFIX: &str = "rlxtc-";
@@ -39,8 +39,8 @@ impl Topology {
         }
         remove_leftovers();
         let key = format!("{PREFIX}{}", std::process::id());
-        launch::install_interrupt_handler();
-        launch::register_cleanup(&key, delete_job);
+        job::install_interrupt_handler();
+        job::register_cleanup(&key, delete_job);
         let mut topology = Topology {
             hub: format!("{key}-hub"),
             ranks: Vec::new(),
@@ -109,7 +109,7 @@ impl Topology {
 impl Drop for Topology {
     fn drop(&mut self) {
         delete_job(&self.key);
-        launch::unregister_cleanup(&self.key);
+        job::unregister_cleanup(&self.key);
     }
 }
 

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, ValueEnum};
 
 use crate::cmd::{cargo, workspace_root};
-use crate::launch::{self, ChildSpec};
+use crate::job::{self, ChildSpec};
 use crate::netns::{self, Topology};
 
 /// The transports a local job can run on.
@@ -195,7 +195,7 @@ impl World {
             Some(_) => (0..config.size)
                 .map(|rank| (Topology::address_of(rank).to_string(), NETNS_PORT))
                 .collect(),
-            None => launch::free_ports(config.size as usize)?
+            None => job::free_ports(config.size as usize)?
                 .into_iter()
                 .map(|port| ("127.0.0.1".to_owned(), port))
                 .collect(),

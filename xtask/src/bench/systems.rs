@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::measure::{Reply, Step};
 use crate::cmd::workspace_root;
-use crate::launch::{self, ChildSpec, Job, Output, Stream};
+use crate::job::{self, ChildSpec, Job, Output, Stream};
 use crate::world::scratch_dir;
 
 /// How long a system may take to start (torch's import alone takes seconds on this machine).
@@ -277,7 +277,7 @@ pub(crate) fn start_gloo(ranks: u32) -> Started {
             "gloo: skipped, no python3 with torch found (apt-get install python3-torch, or set RLX_GLOO_PYTHON)".to_owned(),
         );
     };
-    let port = match launch::free_port() {
+    let port = match job::free_port() {
         Ok(port) => port,
         Err(e) => return Started::Skipped(format!("gloo: skipped, {e}")),
     };
@@ -347,7 +347,7 @@ pub(crate) fn start_mlx(ranks: u32) -> Started {
 }
 
 fn mlx_hostfile(ranks: u32) -> Result<PathBuf, String> {
-    let entries: Vec<Vec<String>> = launch::free_ports(ranks as usize)?
+    let entries: Vec<Vec<String>> = job::free_ports(ranks as usize)?
         .into_iter()
         .map(|port| vec![format!("127.0.0.1:{port}")])
         .collect();
@@ -364,7 +364,7 @@ pub(crate) fn iperf3(seconds: u32) -> Result<f64, String> {
     let Some(iperf3) = find_program("iperf3") else {
         return Err("iperf3: skipped, not found (apt-get install iperf3)".to_owned());
     };
-    let port = launch::free_port()?.to_string();
+    let port = job::free_port()?.to_string();
     let server = ChildSpec::new("iperf3 server", &iperf3).args([
         "-s",
         "-1",

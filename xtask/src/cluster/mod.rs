@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 
-use crate::launch::{ChildSpec, Job, Output, Stream};
+use crate::job::{ChildSpec, Job, Output, Stream};
 use crate::world::{self, TransportKind, World, WorldArgs};
 use events::{CaseRecord, ErrorRecord, Event};
 use fault::{Fault, FaultKind, Target};
