@@ -8,8 +8,8 @@
 //! [`MlxTransport::init`] reports [`CollectiveError::Unsupported`](rlx_transport::CollectiveError).
 //!
 //! Layout: `ffi` holds the raw `extern "C"` block and the owned handles, `transport` the
-//! safe [`MlxTransport`], `progress` the threads behind it and `pool` the arrays reused
-//! between native collectives; `frame` (message headers), `backend` (backend choice and
+//! safe [`MlxTransport`], `shared` the link state its callers and threads share, `progress`
+//! the threads behind it and `pool` the arrays reused between native collectives; `frame` (message headers), `backend` (backend choice and
 //! routing) and `native` (precision rules of the native collectives) are plain code that is
 //! tested without MLX.
 //!
@@ -39,6 +39,8 @@ mod pool;
 #[cfg(feature = "mlx")]
 mod progress;
 #[cfg(feature = "mlx")]
+mod shared;
+#[cfg(feature = "mlx")]
 mod sync;
 #[cfg(feature = "mlx")]
 mod transport;
@@ -47,6 +49,8 @@ mod unavailable;
 
 pub use backend::Backend;
 #[cfg(feature = "mlx")]
-pub use transport::{MAX_MESSAGE_LEN, MlxTransport, is_available};
+pub use shared::MAX_MESSAGE_LEN;
+#[cfg(feature = "mlx")]
+pub use transport::{MlxTransport, is_available};
 #[cfg(not(feature = "mlx"))]
 pub use unavailable::{MlxTransport, is_available};

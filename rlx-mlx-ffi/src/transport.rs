@@ -58,7 +58,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -73,12 +73,13 @@ use crate::backend::{Backend, Topology};
 use crate::ffi::{self, Group, HostArray, MAX_SEND_PARTS, ShimError};
 use crate::frame::{HEADER_LEN, Header, Kind};
 use crate::native::{MlxDtype, MlxReduce, ReducePlan};
-use crate::pool::ArrayPool;
-use crate::progress::{
-    ExitState, Exits, FIRST_LEN, Link, Outgoing, PIECE_LEN, Role, collective_loop, receive_one,
-    receiver_loop, sender_loop,
+use crate::pool::{ArrayPool, abandon_on_failure};
+use crate::progress::{collective_loop, receive_one, receiver_loop, sender_loop};
+use crate::shared::{
+    ABORT_POLL, Demand, ExitState, Exits, FIRST_LEN, Link, MAX_MESSAGE_LEN, Outgoing, PIECE_LEN,
+    Role, Shared, State, WorldGuard,
 };
-use crate::sync::{lock, wait, wait_timeout};
+use crate::sync::{lock, wait_timeout};
 
 /// By default, all-reduces whose contribution (in the wide type MLX would reduce), times the
 /// number of other ranks, is at most this many bytes run as one direct exchange over MLX's
@@ -99,127 +100,6 @@ const DIRECT_EXCHANGE_MAX: usize = 16 << 20;
 /// docs).
 const ANNOUNCE_PHASE: u16 = 0xFFFD;
 
-/// How long a poll that found nothing keeps its link read (see [`State::polled`]): longer
-/// than the gap between the polls of a watching loop, short enough that an abandoned poll does
-/// not keep a receive posted for long.
-const POLL_INTEREST: Duration = Duration::from_millis(100);
-
-/// How often a caller waiting for the collective thread, and the idle collective thread,
-/// look for an abort or a close.
-pub(crate) const ABORT_POLL: Duration = Duration::from_millis(50);
-
-/// The largest message body accepted from the wire or from a caller.
-pub const MAX_MESSAGE_LEN: u64 = 1 << 36;
-
-/// State shared by the callers and the link threads, guarded by `Shared::state`.
-pub(crate) struct State {
-    pub(crate) aborted: bool,
-    pub(crate) closing: bool,
-    /// Why the transport can no longer run collectives, once it cannot.
-    pub(crate) broken: Option<String>,
-    /// Per link: why it is dead, once it is.
-    pub(crate) dead: Vec<Option<String>>,
-    /// Per link: whether it died because the peer said goodbye (it then still waits for this
-    /// rank's goodbye, which must go out).
-    pub(crate) peer_left: Vec<bool>,
-    /// Bumped when a native collective ends, releasing the paused link threads.
-    pub(crate) epoch: u64,
-    /// Per link: whether its sender has sent its pause and is waiting.
-    pub(crate) sender_paused: Vec<bool>,
-    /// Per link: the descriptor of the peer's pause, once its receiver has read it.
-    pub(crate) peer_paused: Vec<Option<(u64, u64)>>,
-    /// Per link: `(waiter id, source, tag)` of each caller waiting for a message that
-    /// arrives through it. The receiver removes an entry when it delivers a matching message
-    /// and the caller removes its own when it stops waiting, so the receiver never posts a
-    /// receive nobody needs (MLX busy-polls a socket while one is posted). Two callers that
-    /// wait for the same source and tag at once may leave one of them without demand; it
-    /// then ends at its deadline.
-    pub(crate) demand: Vec<Vec<(u64, u32, u64)>>,
-    /// Per link: `(source, tag, until)` of recent polls (receives with a zero timeout) that
-    /// found nothing. A poll cannot wait for the receiver, so it leaves this interest behind
-    /// and the receiver reads the link until `until`; a later poll finds what arrived. This is
-    /// how a loop that only polls (a group watching for failure notices) sees its messages.
-    pub(crate) polled: Vec<Vec<(u32, u64, Instant)>>,
-    /// How many native collectives wait for the peers' pause frames.
-    pub(crate) pausing: usize,
-    /// Per link: whether its receiver is reading from it (from deciding to post a receive
-    /// until the frame is handled, including a park after a pause frame).
-    pub(crate) receiving: Vec<bool>,
-    /// Whether an MLX collective outlived its deadline: the collective thread may never come
-    /// back from MLX, so closing does not wait for it.
-    pub(crate) collective_stuck: bool,
-    /// Whether the collective thread owns every link (see `Shared::own_idle_links`): the
-    /// receivers then post nothing.
-    pub(crate) owned: bool,
-    /// Whether receivers keep a receive posted without demand (ring worlds of four or more,
-    /// where this rank forwards other ranks' messages).
-    pub(crate) always_receive: bool,
-}
-
-pub(crate) struct Shared {
-    /// Held by the transport over MLX's world group (not by split ones).
-    _world_guard: Option<WorldGuard>,
-    pub(crate) group: Group,
-    pub(crate) rank: u32,
-    pub(crate) world: u32,
-    pub(crate) backend: Backend,
-    pub(crate) topology: Topology,
-    /// Whether a frame may go out in one MLX send and be read in pieces (see
-    /// [`Backend::is_byte_stream`]).
-    pub(crate) byte_stream: bool,
-    pub(crate) op_timeout: Duration,
-    pub(crate) inbox: Inbox,
-    pub(crate) links: Vec<Link>,
-    /// Arrays kept between native collectives.
-    pub(crate) arrays: ArrayPool,
-    pub(crate) state: Mutex<State>,
-    pub(crate) changed: Condvar,
-    /// Keeps this process's native collectives one at a time.
-    pub(crate) collective: Mutex<()>,
-    /// The direct-exchange limit in bytes (see [`DIRECT_EXCHANGE_MAX`]).
-    pub(crate) direct_max: AtomicUsize,
-    /// Sequence number of the next native collective's own messages (a direct exchange's
-    /// contributions or an announcement): native collectives are issued in the same order on
-    /// every rank, so every rank numbers them alike.
-    pub(crate) native_seq: AtomicU32,
-    /// Id of the next waiting receive (see `State::demand`).
-    pub(crate) next_waiter: AtomicU64,
-    /// Which threads have ended.
-    pub(crate) exits: Arc<Exits>,
-    /// MLX collectives for the collective thread to run.
-    pub(crate) jobs: Mutex<VecDeque<Job>>,
-    pub(crate) job_queued: Condvar,
-}
-
-/// A waiting receive's entry in [`State::demand`], removed when dropped (the receiver may
-/// have removed it already on delivery).
-struct Demand<'a> {
-    shared: &'a Shared,
-    index: usize,
-    id: u64,
-}
-
-impl<'a> Demand<'a> {
-    /// Asks the receiver of link `index` to read until a message from `from` with `tag`
-    /// arrives.
-    fn register(shared: &'a Shared, index: usize, from: u32, tag: Tag) -> Demand<'a> {
-        let id = shared.next_waiter.fetch_add(1, Ordering::Relaxed);
-        lock(&shared.state).demand[index].push((id, from, tag.raw()));
-        shared.changed.notify_all();
-        Demand { shared, index, id }
-    }
-}
-
-impl Drop for Demand<'_> {
-    fn drop(&mut self) {
-        let mut state = lock(&self.shared.state);
-        let demand = &mut state.demand[self.index];
-        if let Some(at) = demand.iter().position(|e| e.0 == self.id) {
-            demand.remove(at);
-        }
-    }
-}
-
 /// What the collective thread reports of a native collective on owned links.
 enum Owned<R> {
     /// The pauses matched and MLX ran the collective, with this result.
@@ -235,9 +115,6 @@ struct LinkKind {
     topology: Topology,
     byte_stream: bool,
 }
-
-/// One MLX collective, run by the collective thread.
-type Job = Box<dyn FnOnce(&Shared) + Send>;
 
 /// RLX's [`Transport`] over MLX's distributed module (`ring`, `jaccl` or `mpi`); see the
 /// module docs for how tags, deadlines and native collectives are kept.
@@ -344,30 +221,6 @@ fn check_mpi_env() -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// Whether an `MlxTransport` over MLX's world group exists in this process.
-static WORLD_TAKEN: AtomicBool = AtomicBool::new(false);
-
-/// Marks MLX's world group as used by one transport until dropped.
-struct WorldGuard;
-
-impl WorldGuard {
-    fn take() -> Result<Option<WorldGuard>> {
-        if WORLD_TAKEN.swap(true, Ordering::AcqRel) {
-            return Err(CollectiveError::config(
-                "an MlxTransport over MLX's world group already exists in this process \
-                 (MLX shares one group per process; use split for sub-groups)",
-            ));
-        }
-        Ok(Some(WorldGuard))
-    }
-}
-
-impl Drop for WorldGuard {
-    fn drop(&mut self) {
-        WORLD_TAKEN.store(false, Ordering::Release);
-    }
 }
 
 /// Whether this MLX build offers `backend` (`Any`: whether it offers any).
@@ -608,57 +461,6 @@ impl Shared {
         self.links.iter().position(|l| l.peer == peer)
     }
 
-    /// Marks link `index` dead and every rank whose messages reach this rank through it lost.
-    pub(crate) fn link_failed(&self, index: usize, reason: String) {
-        let peer = self.links[index].peer;
-        let mut state = lock(&self.state);
-        if state.dead[index].is_none() {
-            state.dead[index] = Some(reason.clone());
-        }
-        if state.broken.is_none() && !state.closing {
-            state.broken = Some(format!("link to rank {peer} failed: {reason}"));
-        }
-        drop(state);
-        self.changed.notify_all();
-        for src in (0..self.world).filter(|&r| r != self.rank) {
-            if self.last_hop_from(src) == peer {
-                self.inbox.mark_lost(src, reason.clone());
-            }
-        }
-    }
-
-    /// After a failed MLX collective no link can be trusted: MLX may have stopped the worker
-    /// of a socket (its later calls would never finish) and the others may hold a partial
-    /// collective's bytes. Every link is marked dead and every peer lost.
-    fn all_links_failed(&self, reason: String) {
-        let mut state = lock(&self.state);
-        state.broken = Some(reason.clone());
-        for dead in &mut state.dead {
-            if dead.is_none() {
-                *dead = Some(reason.clone());
-            }
-        }
-        drop(state);
-        self.changed.notify_all();
-        for peer in (0..self.world).filter(|&r| r != self.rank) {
-            self.inbox.mark_lost(peer, reason.clone());
-        }
-    }
-
-    /// Leaves the interest of a poll for messages from `from` with `tag` on link `index` (see
-    /// [`State::polled`]), renewing an earlier one.
-    fn note_poll(&self, index: usize, from: u32, tag: Tag) {
-        let until = Instant::now() + POLL_INTEREST;
-        let mut state = lock(&self.state);
-        let polled = &mut state.polled[index];
-        match polled.iter_mut().find(|e| (e.0, e.1) == (from, tag.raw())) {
-            Some(entry) => entry.2 = until,
-            None => polled.push((from, tag.raw(), until)),
-        }
-        drop(state);
-        self.changed.notify_all();
-    }
-
     /// Number of links a message from this rank to `dst` crosses.
     fn hops_to(&self, dst: u32) -> u32 {
         let mut at = self.rank;
@@ -671,7 +473,7 @@ impl Shared {
     }
 
     /// The linked peer through which messages from `src` arrive here.
-    fn last_hop_from(&self, src: u32) -> u32 {
+    pub(crate) fn last_hop_from(&self, src: u32) -> u32 {
         let mut at = src;
         for _ in 0..self.world {
             let next = self.topology.next_hop(at, self.rank, self.world);
@@ -681,14 +483,6 @@ impl Shared {
             at = next;
         }
         at
-    }
-
-    fn check_usable(&self) -> Result<()> {
-        let state = lock(&self.state);
-        if state.aborted || state.closing {
-            return Err(CollectiveError::Aborted);
-        }
-        Ok(())
     }
 
     /// The index of the usable link a frame for `header.dst` leaves on.
@@ -865,19 +659,6 @@ impl Shared {
             .map_err(|e| e.into_error("send"))?;
         self.links[index].push(Outgoing::Staged(header, head, staged));
         Ok(())
-    }
-
-    /// Waits until the collective that paused the link threads has ended (or the transport
-    /// is going away).
-    pub(crate) fn park(&self, mut state: MutexGuard<'_, State>, index: usize) {
-        let epoch = state.epoch;
-        while state.epoch == epoch
-            && !state.aborted
-            && !state.closing
-            && state.dead[index].is_none()
-        {
-            state = wait(&self.changed, state);
-        }
     }
 
     /// Runs `run` on MLX with every link paused; see the module docs.
@@ -1301,27 +1082,6 @@ impl Shared {
         drop(state);
         Ok(mismatch)
     }
-
-    fn close(&self, aborted: bool) {
-        let mut state = lock(&self.state);
-        let first = !state.closing && !state.aborted;
-        if aborted {
-            state.aborted = true;
-        } else {
-            state.closing = true;
-        }
-        drop(state);
-        self.changed.notify_all();
-        self.job_queued.notify_all();
-        if aborted {
-            self.inbox.abort();
-        }
-        if first {
-            for link in &self.links {
-                link.push(Outgoing::Bye);
-            }
-        }
-    }
 }
 
 /// What a pause frame announces: `(kind, dtype, reduction)` codes and the byte length.
@@ -1480,17 +1240,6 @@ impl Transport for MlxTransport {
     fn native_collectives(&self) -> Option<&dyn NativeCollectives> {
         Some(self)
     }
-}
-
-/// The error of an MLX collective over `arrays`, which are leaked unless MLX refused the call
-/// before starting: a failed collective returns as soon as one connection fails, while MLX's
-/// transfers on its other connections may still write into the arrays, so their memory must
-/// never be reused. Only a transport that is unusable afterwards leaks them.
-pub(crate) fn abandon_on_failure<T>(error: ShimError, arrays: T) -> ShimError {
-    if !error.refused {
-        std::mem::forget(arrays);
-    }
-    error
 }
 
 /// Checks that a gather's output (a reduce-scatter's input) of `whole` bytes holds exactly one
