@@ -7,11 +7,16 @@
 //! (`pip install "mlx[cpu]"`). Without the feature the crate builds anywhere and
 //! [`MlxTransport::init`] reports [`CollectiveError::Unsupported`](rlx_transport::CollectiveError).
 //!
-//! Layout: `ffi` holds the raw `extern "C"` block and the owned handles, `transport` the
-//! safe [`MlxTransport`], `shared` the link state its callers and threads share, `progress`
-//! the threads behind it and `pool` the arrays reused between native collectives; `frame` (message headers), `backend` (backend choice and
-//! routing) and `native` (precision rules of the native collectives) are plain code that is
-//! tested without MLX.
+//! Layout:
+//! - `ffi`: the raw `extern "C"` block and the owned handles;
+//! - `transport`: the safe [`MlxTransport`], its design, and the `Transport` and native
+//!   collective methods;
+//! - `shared`: the link state the transport's callers and threads share;
+//! - `route`: which link a frame takes and how it goes out;
+//! - `progress`: the threads behind the transport;
+//! - `pool`: the arrays reused between native collectives;
+//! - `frame` (message headers), `backend` (backend choice and routing) and `native`
+//!   (precision rules of the native collectives): plain code that is tested without MLX.
 //!
 //! # Examples
 //!
@@ -38,6 +43,8 @@ mod native;
 mod pool;
 #[cfg(feature = "mlx")]
 mod progress;
+#[cfg(feature = "mlx")]
+mod route;
 #[cfg(feature = "mlx")]
 mod shared;
 #[cfg(feature = "mlx")]
