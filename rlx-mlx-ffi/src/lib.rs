@@ -13,6 +13,7 @@
 //!   collective methods;
 //! - `shared`: the link state the transport's callers and threads share;
 //! - `route`: which link a frame takes and how it goes out;
+//! - `pause`: how a native collective takes the links (pause frames, announcements);
 //! - `progress`: the threads behind the transport;
 //! - `pool`: the arrays reused between native collectives;
 //! - `frame` (message headers), `backend` (backend choice and routing) and `native`
@@ -39,6 +40,8 @@ mod ffi;
 mod frame;
 #[cfg(any(feature = "mlx", test))]
 mod native;
+#[cfg(feature = "mlx")]
+mod pause;
 #[cfg(feature = "mlx")]
 mod pool;
 #[cfg(feature = "mlx")]
