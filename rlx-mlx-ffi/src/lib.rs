@@ -15,6 +15,7 @@
 //! - `route`: which link a frame takes and how it goes out;
 //! - `pause`: how a native collective takes the links (pause frames, announcements);
 //! - `progress`: the threads behind the transport;
+//! - `exchange`: the direct exchange that replaces MLX's all-reduce for small buffers;
 //! - `pool`: the arrays reused between native collectives;
 //! - `frame` (message headers), `backend` (backend choice and routing) and `native`
 //!   (precision rules of the native collectives): plain code that is tested without MLX.
@@ -34,6 +35,8 @@
 //! ```
 
 mod backend;
+#[cfg(feature = "mlx")]
+mod exchange;
 #[cfg(feature = "mlx")]
 mod ffi;
 #[cfg(any(feature = "mlx", test))]

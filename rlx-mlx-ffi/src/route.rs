@@ -90,7 +90,7 @@ impl Shared {
     /// `direct_max` bytes on the calling thread when the link is idle. A large direct send can
     /// wait for the peer to read, so only the direct exchange, whose peers are reading while
     /// they take part, raises the limit (see
-    /// [`EXCHANGE_DIRECT_SEND_MAX`](crate::transport::EXCHANGE_DIRECT_SEND_MAX)).
+    /// [`EXCHANGE_DIRECT_SEND_MAX`](crate::exchange::EXCHANGE_DIRECT_SEND_MAX)).
     pub(crate) fn send_directly_up_to(
         &self,
         header: Header,

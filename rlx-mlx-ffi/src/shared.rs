@@ -172,7 +172,8 @@ pub(crate) struct Shared {
     pub(crate) changed: Condvar,
     /// Keeps this process's native collectives one at a time.
     pub(crate) collective: Mutex<()>,
-    /// The direct-exchange limit in bytes (see [`DIRECT_EXCHANGE_MAX`](crate::transport::DIRECT_EXCHANGE_MAX)).
+    /// The direct-exchange limit in bytes (see
+    /// [`DIRECT_EXCHANGE_MAX`](crate::exchange::DIRECT_EXCHANGE_MAX)).
     pub(crate) direct_max: AtomicUsize,
     /// Sequence number of the next native collective's own messages (a direct exchange's
     /// contributions or an announcement): native collectives are issued in the same order on
