@@ -11,6 +11,7 @@
 //! - `ffi`: the raw `extern "C"` block and the owned handles;
 //! - `transport`: the safe [`MlxTransport`], its design, and the `Transport` and native
 //!   collective methods;
+//! - `env`: what the transport reads from the environment;
 //! - `shared`: the link state the transport's callers and threads share;
 //! - `route`: which link a frame takes and how it goes out;
 //! - `pause`: how a native collective takes the links (pause frames, announcements);
@@ -35,6 +36,8 @@
 //! ```
 
 mod backend;
+#[cfg(feature = "mlx")]
+mod env;
 #[cfg(feature = "mlx")]
 mod exchange;
 #[cfg(feature = "mlx")]

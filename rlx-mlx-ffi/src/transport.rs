@@ -68,12 +68,12 @@ use std::time::{Duration, Instant};
 
 use rlx_transport::inbox::Delivery;
 use rlx_transport::{
-    CollectiveError, DEFAULT_OP_TIMEOUT, DType, Failure, Inbox, NativeCollectives, NativeOp,
-    ReduceKind, Result, Tag, Transport,
+    CollectiveError, DType, Failure, Inbox, NativeCollectives, NativeOp, ReduceKind, Result, Tag,
+    Transport,
 };
 
 use crate::backend::{Backend, Topology};
-use crate::exchange::DIRECT_EXCHANGE_MAX;
+use crate::env::{check_mpi_env, check_ring_env, direct_max_from_env, env_var, timeout_from_env};
 use crate::ffi::{self, Group, HostArray, ShimError};
 use crate::frame::{Header, Kind};
 use crate::native::{MlxDtype, MlxReduce, ReducePlan};
@@ -122,80 +122,6 @@ impl fmt::Debug for MlxTransport {
             .field("op_timeout", &self.shared.op_timeout)
             .finish()
     }
-}
-
-fn env_var(key: &str) -> Option<String> {
-    std::env::var(key).ok()
-}
-
-/// The operation timeout from `RLX_TIMEOUT_MS`, else [`DEFAULT_OP_TIMEOUT`].
-fn timeout_from_env() -> Result<Duration> {
-    match env_var("RLX_TIMEOUT_MS") {
-        None => Ok(DEFAULT_OP_TIMEOUT),
-        Some(v) => v
-            .trim()
-            .parse::<u64>()
-            .map(Duration::from_millis)
-            .map_err(|_| {
-                CollectiveError::config(format!(
-                    "RLX_TIMEOUT_MS={v:?} is not a number of milliseconds"
-                ))
-            }),
-    }
-}
-
-/// The direct-exchange limit from `RLX_MLX_DIRECT_MAX` (bytes), else
-/// [`DIRECT_EXCHANGE_MAX`].
-fn direct_max_from_env() -> Result<usize> {
-    match env_var("RLX_MLX_DIRECT_MAX") {
-        None => Ok(DIRECT_EXCHANGE_MAX),
-        Some(v) => v.trim().parse::<usize>().map_err(|_| {
-            CollectiveError::config(format!("RLX_MLX_DIRECT_MAX={v:?} is not a number of bytes"))
-        }),
-    }
-}
-
-/// Checks MLX's ring variables up front, because MLX itself reads them with `atoi` and a
-/// missing file only as a JSON parse failure.
-fn check_ring_env() -> Result<()> {
-    let rank = env_var("MLX_RANK").ok_or_else(|| {
-        CollectiveError::config(
-            "MLX_RANK is not set (the ring backend needs MLX_RANK and MLX_HOSTFILE)",
-        )
-    })?;
-    rank.trim()
-        .parse::<u32>()
-        .map_err(|_| CollectiveError::config(format!("MLX_RANK={rank:?} is not a rank number")))?;
-    let hostfile = env_var("MLX_HOSTFILE").ok_or_else(|| {
-        CollectiveError::config(
-            "MLX_HOSTFILE is not set (the ring backend needs MLX_RANK and MLX_HOSTFILE)",
-        )
-    })?;
-    if !std::path::Path::new(&hostfile).is_file() {
-        return Err(CollectiveError::config(format!(
-            "MLX_HOSTFILE={hostfile:?} is not a readable file"
-        )));
-    }
-    Ok(())
-}
-
-/// Checks that Open MPI will allow calls from several threads at once. MLX initialises MPI
-/// with plain `MPI_Init`, which gives `MPI_THREAD_SINGLE`, while this transport receives on
-/// one thread per peer and sends and reduces on others; Open MPI raises the level of
-/// `MPI_Init` to `MPI_THREAD_MULTIPLE` when `OMPI_MPI_THREAD_LEVEL=3`. Without it, concurrent
-/// calls corrupt Open MPI's matching (seen as `MPI_ERR_TRUNCATE`).
-fn check_mpi_env() -> Result<()> {
-    let under_open_mpi = env_var("OMPI_COMM_WORLD_SIZE").is_some();
-    let level = env_var("OMPI_MPI_THREAD_LEVEL");
-    if under_open_mpi && level.as_deref().map(str::trim) != Some("3") {
-        return Err(CollectiveError::config(format!(
-            "the MLX mpi backend needs OMPI_MPI_THREAD_LEVEL=3 under Open MPI (found {level:?}): \
-             MLX calls MPI_Init, and this transport uses MPI from several threads; launch \
-             with `mpirun -x OMPI_MPI_THREAD_LEVEL=3 ...` (mlx.launch: --env \
-             OMPI_MPI_THREAD_LEVEL=3)"
-        )));
-    }
-    Ok(())
 }
 
 /// Whether this MLX build offers `backend` (`Any`: whether it offers any).
