@@ -11,6 +11,7 @@
 //! - `ffi`: the raw `extern "C"` block and the owned handles;
 //! - `transport`: the safe [`MlxTransport`], its design, and the `Transport` and native
 //!   collective methods;
+//! - `bootstrap`: joining or splitting MLX's group and starting the transport's threads;
 //! - `env`: what the transport reads from the environment;
 //! - `shared`: the link state the transport's callers and threads share;
 //! - `route`: which link a frame takes and how it goes out;
@@ -36,6 +37,8 @@
 //! ```
 
 mod backend;
+#[cfg(feature = "mlx")]
+mod bootstrap;
 #[cfg(feature = "mlx")]
 mod env;
 #[cfg(feature = "mlx")]
@@ -65,8 +68,10 @@ mod unavailable;
 
 pub use backend::Backend;
 #[cfg(feature = "mlx")]
+pub use bootstrap::is_available;
+#[cfg(feature = "mlx")]
 pub use shared::MAX_MESSAGE_LEN;
 #[cfg(feature = "mlx")]
-pub use transport::{MlxTransport, is_available};
+pub use transport::MlxTransport;
 #[cfg(not(feature = "mlx"))]
 pub use unavailable::{MlxTransport, is_available};
