@@ -12,12 +12,12 @@
 //!   further pieces. Small messages cost one MLX send.
 //! - Each directly linked peer has a sender thread draining a queue and a receiver thread.
 //!   A caller sends a small frame itself when its link is idle and queues everything else,
-//!   so `send_message` never waits for the peer; a queued frame's body beyond its first piece
-//!   is copied once, into an MLX array that MLX then sends as it is. The receiver posts an MLX receive only
-//!   while somebody needs what comes through its link (a waiting receive, a native
-//!   collective, forwarding in rings of four or more, closing), demultiplexes what arrives
-//!   into an [`Inbox`] by `(source, tag)`, and forwards messages for other ranks one hop
-//!   further round the ring. Receives wait on the inbox, so their deadlines hold although
+//!   so `send_message` never waits for the peer; a queued frame's body beyond its first
+//!   piece is copied once, into an MLX array that MLX then sends as it is. The receiver posts
+//!   an MLX receive only while somebody needs what comes through its link (a waiting receive,
+//!   a native collective, forwarding in rings of four or more, closing), demultiplexes what
+//!   arrives into an [`Inbox`] by `(source, tag)`, and forwards messages for other ranks one
+//!   hop further round the ring. Receives wait on the inbox, so their deadlines hold although
 //!   MLX's receive blocks.
 //! - A native collective must own the links, or a posted receive or a queued frame would mix
 //!   with the collective's bytes. Every rank sends a pause frame describing the operation
@@ -46,6 +46,11 @@
 //! No process-wide lock is held across a blocking MLX call: a link's send lock is held while
 //! a frame goes out on that link, and the per-transport collective lock keeps this
 //! process's native collectives one at a time, which MLX requires anyway.
+//!
+//! Where each part lives: framing and routes in `route`, the link and collective threads in
+//! `progress`, pauses and announcements in `pause`, the direct exchange in `exchange`, the
+//! state they share in `shared`, and joining MLX's group in `bootstrap`. This module keeps
+//! the [`Transport`] and [`NativeCollectives`] methods and the graceful close.
 //!
 //! # Failure
 //!
