@@ -287,7 +287,7 @@ impl Group {
 
     /// Sends the whole of `array` to `dst` as one message, without copying it. On failure
     /// MLX may still read the array, so the caller must leak it (see
-    /// `transport::abandon_on_failure`).
+    /// `pool::abandon_on_failure`).
     pub(crate) fn send_array(&self, dst: u32, array: &HostArray) -> Result<(), ShimError> {
         let dst = rank_arg(dst)?;
         call(|err, len| {

@@ -7,11 +7,20 @@
 //! (`pip install "mlx[cpu]"`). Without the feature the crate builds anywhere and
 //! [`MlxTransport::init`] reports [`CollectiveError::Unsupported`](rlx_transport::CollectiveError).
 //!
-//! Layout: `ffi` holds the raw `extern "C"` block and the owned handles, `transport` the
-//! safe [`MlxTransport`], `progress` the threads behind it and `pool` the arrays reused
-//! between native collectives; `frame` (message headers), `backend` (backend choice and
-//! routing) and `native` (precision rules of the native collectives) are plain code that is
-//! tested without MLX.
+//! Layout:
+//! - `ffi`: the raw `extern "C"` block and the owned handles;
+//! - `transport`: the safe [`MlxTransport`], its design, and the `Transport` and native
+//!   collective methods;
+//! - `bootstrap`: joining or splitting MLX's group and starting the transport's threads;
+//! - `env`: what the transport reads from the environment;
+//! - `shared`: the link state the transport's callers and threads share;
+//! - `route`: which link a frame takes and how it goes out;
+//! - `pause`: how a native collective takes the links (pause frames, announcements);
+//! - `progress`: the threads behind the transport;
+//! - `exchange`: the direct exchange that replaces MLX's all-reduce for small buffers;
+//! - `pool`: the arrays reused between native collectives;
+//! - `frame` (message headers), `backend` (backend choice and routing) and `native`
+//!   (precision rules of the native collectives): plain code that is tested without MLX.
 //!
 //! # Examples
 //!
@@ -29,15 +38,27 @@
 
 mod backend;
 #[cfg(feature = "mlx")]
+mod bootstrap;
+#[cfg(feature = "mlx")]
+mod env;
+#[cfg(feature = "mlx")]
+mod exchange;
+#[cfg(feature = "mlx")]
 mod ffi;
 #[cfg(any(feature = "mlx", test))]
 mod frame;
 #[cfg(any(feature = "mlx", test))]
 mod native;
 #[cfg(feature = "mlx")]
+mod pause;
+#[cfg(feature = "mlx")]
 mod pool;
 #[cfg(feature = "mlx")]
 mod progress;
+#[cfg(feature = "mlx")]
+mod route;
+#[cfg(feature = "mlx")]
+mod shared;
 #[cfg(feature = "mlx")]
 mod sync;
 #[cfg(feature = "mlx")]
@@ -47,6 +68,10 @@ mod unavailable;
 
 pub use backend::Backend;
 #[cfg(feature = "mlx")]
-pub use transport::{MAX_MESSAGE_LEN, MlxTransport, is_available};
+pub use bootstrap::is_available;
+#[cfg(feature = "mlx")]
+pub use shared::MAX_MESSAGE_LEN;
+#[cfg(feature = "mlx")]
+pub use transport::MlxTransport;
 #[cfg(not(feature = "mlx"))]
 pub use unavailable::{MlxTransport, is_available};

@@ -60,3 +60,14 @@ impl ArrayPool {
         spare.push(array);
     }
 }
+
+/// The error of an MLX collective over `arrays`, which are leaked unless MLX refused the call
+/// before starting: a failed collective returns as soon as one connection fails, while MLX's
+/// transfers on its other connections may still write into the arrays, so their memory must
+/// never be reused. Only a transport that is unusable afterwards leaks them.
+pub(crate) fn abandon_on_failure<T>(error: ShimError, arrays: T) -> ShimError {
+    if !error.refused {
+        std::mem::forget(arrays);
+    }
+    error
+}

@@ -4,97 +4,19 @@
 //! thread that runs MLX's collectives so that callers can give up on them at their deadline.
 //! See the `transport` module docs for the protocol they follow.
 
-use std::collections::VecDeque;
-use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use rlx_transport::inbox::Delivery;
 use rlx_transport::{Failure, Tag};
 
-use crate::ffi::HostArray;
 use crate::frame::{HEADER_LEN, Header, Kind};
+use crate::pool::abandon_on_failure;
+use crate::shared::{ABORT_POLL, FIRST_LEN, MAX_MESSAGE_LEN, Outgoing, PIECE_LEN, Shared};
 use crate::sync::{lock, wait, wait_timeout};
-use crate::transport::{ABORT_POLL, MAX_MESSAGE_LEN, Shared, abandon_on_failure};
-
-/// Size of the first MLX message of every frame: the header and up to
-/// `FIRST_LEN - HEADER_LEN` bytes of body.
-pub(crate) const FIRST_LEN: usize = 256;
-
-/// Bodies travel in MLX messages of at most this many bytes (MLX's ring moves at most 1 GiB
-/// per socket call, and an MLX array holds at most `i32::MAX` elements).
-pub(crate) const PIECE_LEN: usize = 1 << 30;
 
 /// How long a receiver waits for this rank's own pause frames to go out before it posts the
 /// receive for the peer's pause anyway (see `receiver_loop`).
 pub(crate) const PAUSE_GRACE: Duration = Duration::from_millis(2);
-
-/// What a sender thread sends next.
-pub(crate) enum Outgoing {
-    /// A data or failure frame.
-    Frame(Header, Vec<u8>),
-    /// A data frame whose body is `head` followed by the bytes of `rest`, an MLX array filled
-    /// by the caller: MLX sends the array itself, so the body is copied once, into it.
-    Staged(Header, Vec<u8>, HostArray),
-    /// A pause frame; the sender then waits for the collective to end.
-    Pause(Header),
-    /// The goodbye frame; the sender then exits.
-    Bye,
-}
-
-/// One directly linked peer and the queue of its sender thread.
-pub(crate) struct Link {
-    pub(crate) peer: u32,
-    pub(crate) queue: Mutex<VecDeque<Outgoing>>,
-    pub(crate) queued: Condvar,
-    /// Held by whoever puts a frame on the link: the sender thread from taking a queued
-    /// frame until it is sent (and while it is paused for a native collective), or a caller
-    /// sending a small frame itself when nothing is queued. So frames never interleave, stay
-    /// in order, and nothing is sent while a collective owns the link.
-    pub(crate) sending: Mutex<()>,
-}
-
-impl Link {
-    pub(crate) fn push(&self, item: Outgoing) {
-        lock(&self.queue).push_back(item);
-        self.queued.notify_one();
-    }
-}
-
-/// Which of a transport's threads have ended and let go of it. Kept apart from `Shared`, so
-/// that a thread can report its end after dropping its reference: once every thread has,
-/// the caller's handle owns the group alone and dropping it releases MLX's group (for MPI,
-/// that is what finalises MPI before the process exits).
-pub(crate) struct Exits {
-    pub(crate) done: Mutex<ExitState>,
-    pub(crate) changed: Condvar,
-}
-
-pub(crate) struct ExitState {
-    pub(crate) senders: Vec<bool>,
-    pub(crate) receivers: Vec<bool>,
-    pub(crate) collective: bool,
-}
-
-/// A transport thread's role, for [`Exits`].
-#[derive(Clone, Copy)]
-pub(crate) enum Role {
-    Sender(usize),
-    Receiver(usize),
-    Collective,
-}
-
-impl Exits {
-    pub(crate) fn mark(&self, role: Role) {
-        let mut done = lock(&self.done);
-        match role {
-            Role::Sender(i) => done.senders[i] = true,
-            Role::Receiver(i) => done.receivers[i] = true,
-            Role::Collective => done.collective = true,
-        }
-        drop(done);
-        self.changed.notify_all();
-    }
-}
 
 /// The collective thread: runs MLX collectives handed over by `Shared::native` until the
 /// transport closes.

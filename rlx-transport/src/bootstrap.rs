@@ -342,7 +342,12 @@ fn first_number(
     Ok(None)
 }
 
-fn parse_var<T: std::str::FromStr>(
+/// Reads variable `name` through `get` and parses it as a `T`, ignoring surrounding
+/// whitespace: `None` when `get` has no value for it, a configuration error naming the
+/// variable and its value when the value does not parse. [`LaunchEnv::from_lookup`] reads its
+/// numeric knobs this way, with a `get` that treats empty values as unset; other transports
+/// read their own knobs through it so that they parse alike.
+pub fn parse_var<T: std::str::FromStr>(
     get: &impl Fn(&str) -> Option<String>,
     name: &str,
 ) -> Result<Option<T>> {

@@ -1,0 +1,82 @@
+//! What an [`MlxTransport`](crate::MlxTransport) reads from the process environment: its own
+//! knobs (`RLX_TIMEOUT_MS`, `RLX_MLX_DIRECT_MAX`), parsed as
+//! [`rlx_transport::bootstrap`] parses the socket transports' knobs, and the variables MLX's
+//! ring and MPI backends read themselves, checked up front because MLX reports their mistakes
+//! late or not at all.
+
+use std::time::Duration;
+
+use rlx_transport::bootstrap::parse_var;
+use rlx_transport::{CollectiveError, DEFAULT_OP_TIMEOUT, Result};
+
+use crate::exchange::DIRECT_EXCHANGE_MAX;
+
+/// The value of variable `key`, if it is set (to valid Unicode).
+pub(crate) fn env_var(key: &str) -> Option<String> {
+    std::env::var(key).ok()
+}
+
+/// The value of knob `key` as the launch conventions of `rlx_transport::bootstrap` read it: an
+/// empty or blank value counts as unset.
+fn knob(key: &str) -> Option<String> {
+    env_var(key).filter(|value| !value.trim().is_empty())
+}
+
+/// The operation timeout from `RLX_TIMEOUT_MS` (milliseconds, at least 1, as for the socket
+/// transports), else [`DEFAULT_OP_TIMEOUT`].
+pub(crate) fn timeout_from_env() -> Result<Duration> {
+    match parse_var::<u64>(&knob, "RLX_TIMEOUT_MS")? {
+        Some(0) => Err(CollectiveError::config("RLX_TIMEOUT_MS must be positive")),
+        Some(ms) => Ok(Duration::from_millis(ms)),
+        None => Ok(DEFAULT_OP_TIMEOUT),
+    }
+}
+
+/// The direct-exchange limit from `RLX_MLX_DIRECT_MAX` (bytes; 0 turns the direct exchange
+/// off), else [`DIRECT_EXCHANGE_MAX`].
+pub(crate) fn direct_max_from_env() -> Result<usize> {
+    Ok(parse_var::<usize>(&knob, "RLX_MLX_DIRECT_MAX")?.unwrap_or(DIRECT_EXCHANGE_MAX))
+}
+
+/// Checks MLX's ring variables up front, because MLX itself reads them with `atoi` and a
+/// missing file only as a JSON parse failure.
+pub(crate) fn check_ring_env() -> Result<()> {
+    let rank = env_var("MLX_RANK").ok_or_else(|| {
+        CollectiveError::config(
+            "MLX_RANK is not set (the ring backend needs MLX_RANK and MLX_HOSTFILE)",
+        )
+    })?;
+    rank.trim()
+        .parse::<u32>()
+        .map_err(|_| CollectiveError::config(format!("MLX_RANK={rank:?} is not a rank number")))?;
+    let hostfile = env_var("MLX_HOSTFILE").ok_or_else(|| {
+        CollectiveError::config(
+            "MLX_HOSTFILE is not set (the ring backend needs MLX_RANK and MLX_HOSTFILE)",
+        )
+    })?;
+    if !std::path::Path::new(&hostfile).is_file() {
+        return Err(CollectiveError::config(format!(
+            "MLX_HOSTFILE={hostfile:?} is not a readable file"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that Open MPI will allow calls from several threads at once. MLX initialises MPI
+/// with plain `MPI_Init`, which gives `MPI_THREAD_SINGLE`, while this transport receives on
+/// one thread per peer and sends and reduces on others; Open MPI raises the level of
+/// `MPI_Init` to `MPI_THREAD_MULTIPLE` when `OMPI_MPI_THREAD_LEVEL=3`. Without it, concurrent
+/// calls corrupt Open MPI's matching (seen as `MPI_ERR_TRUNCATE`).
+pub(crate) fn check_mpi_env() -> Result<()> {
+    let under_open_mpi = env_var("OMPI_COMM_WORLD_SIZE").is_some();
+    let level = env_var("OMPI_MPI_THREAD_LEVEL");
+    if under_open_mpi && level.as_deref().map(str::trim) != Some("3") {
+        return Err(CollectiveError::config(format!(
+            "the MLX mpi backend needs OMPI_MPI_THREAD_LEVEL=3 under Open MPI (found {level:?}): \
+             MLX calls MPI_Init, and this transport uses MPI from several threads; launch \
+             with `mpirun -x OMPI_MPI_THREAD_LEVEL=3 ...` (mlx.launch: --env \
+             OMPI_MPI_THREAD_LEVEL=3)"
+        )));
+    }
+    Ok(())
+}
