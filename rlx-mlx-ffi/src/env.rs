@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use rlx_transport::bootstrap::parse_var;
-use rlx_transport::{CollectiveError, DEFAULT_OP_TIMEOUT, Result};
+use rlx_transport::bootstrap::{op_timeout_from, parse_var};
+use rlx_transport::{CollectiveError, Result};
 
 use crate::exchange::DIRECT_EXCHANGE_MAX;
 
@@ -25,11 +25,7 @@ fn knob(key: &str) -> Option<String> {
 /// The operation timeout from `RLX_TIMEOUT_MS` (milliseconds, at least 1, as for the socket
 /// transports), else [`DEFAULT_OP_TIMEOUT`].
 pub(crate) fn timeout_from_env() -> Result<Duration> {
-    match parse_var::<u64>(&knob, "RLX_TIMEOUT_MS")? {
-        Some(0) => Err(CollectiveError::config("RLX_TIMEOUT_MS must be positive")),
-        Some(ms) => Ok(Duration::from_millis(ms)),
-        None => Ok(DEFAULT_OP_TIMEOUT),
-    }
+    op_timeout_from(&knob)
 }
 
 /// The direct-exchange limit from `RLX_MLX_DIRECT_MAX` (bytes; 0 turns the direct exchange

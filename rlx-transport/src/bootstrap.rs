@@ -172,11 +172,7 @@ impl LaunchEnv {
         let ifname = get("RLX_SOCKET_IFNAME")
             .map(|spec| IfnameFilter::parse(&spec))
             .transpose()?;
-        let op_timeout = match parse_var::<u64>(&get, "RLX_TIMEOUT_MS")? {
-            Some(0) => return Err(CollectiveError::config("RLX_TIMEOUT_MS must be positive")),
-            Some(ms) => Duration::from_millis(ms),
-            None => DEFAULT_OP_TIMEOUT,
-        };
+        let op_timeout = op_timeout_from(&get)?;
         let sockets_per_peer = match parse_var::<u32>(&get, "RLX_SOCKETS_PER_PEER")? {
             Some(0) => {
                 return Err(CollectiveError::config(
@@ -358,6 +354,17 @@ pub fn parse_var<T: std::str::FromStr>(
             })
         })
         .transpose()
+}
+
+/// The operation timeout that `RLX_TIMEOUT_MS` (read through `get`) asks for: at least one
+/// millisecond, [`DEFAULT_OP_TIMEOUT`] when it is not set. Every transport and launcher reads
+/// the variable through this, so that they agree on what they accept.
+pub fn op_timeout_from(get: &impl Fn(&str) -> Option<String>) -> Result<Duration> {
+    match parse_var::<u64>(get, "RLX_TIMEOUT_MS")? {
+        Some(0) => Err(CollectiveError::config("RLX_TIMEOUT_MS must be positive")),
+        Some(ms) => Ok(Duration::from_millis(ms)),
+        None => Ok(DEFAULT_OP_TIMEOUT),
+    }
 }
 
 #[cfg(test)]

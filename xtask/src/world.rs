@@ -365,20 +365,13 @@ pub(crate) fn join(
 ) -> Result<Vec<rlx_collective::ProcessGroup>, String> {
     use std::sync::Arc;
 
-    use rlx_collective::{DEFAULT_OP_TIMEOUT, MemTransport, ProcessGroup, Transport};
+    use rlx_collective::{MemTransport, ProcessGroup, Transport};
 
     match transport {
         TransportKind::Mem => {
-            let timeout = match std::env::var("RLX_TIMEOUT_MS") {
-                Ok(ms) => ms
-                    .trim()
-                    .parse()
-                    .map(std::time::Duration::from_millis)
-                    .map_err(|_| {
-                        format!("RLX_TIMEOUT_MS={ms:?} is not a number of milliseconds")
-                    })?,
-                Err(_) => DEFAULT_OP_TIMEOUT,
-            };
+            let env = |key: &str| std::env::var(key).ok().filter(|v| !v.trim().is_empty());
+            let timeout =
+                rlx_transport::bootstrap::op_timeout_from(&env).map_err(|e| e.to_string())?;
             Ok(MemTransport::fan_out_with_timeout(ranks, timeout)
                 .into_iter()
                 .map(|t| ProcessGroup::new(t as Arc<dyn Transport>))
