@@ -7,7 +7,7 @@
 //!   accepting with a deadline;
 //! - `matching.rs`: the matching state machine (posted receives, arriving and unexpected
 //!   messages, backpressure budget, lost peers), no I/O;
-//! - `progress.rs`: the engine that reads and writes the sockets on the calling threads;
+//! - `progress/`: the engine that reads and writes the sockets on the calling threads;
 //! - `error.rs`: how failures map onto `CollectiveError`;
 //! - `transport.rs`: [`TcpTransport`], its builder and the [`Transport`] methods.
 //!
