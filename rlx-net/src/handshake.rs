@@ -9,7 +9,7 @@
 //! 3. With a secret only: the connector answers with its HMAC over the hello and the acceptor's
 //!    nonce, and the acceptor sends one verdict byte.
 //!
-//! Everything here is byte encoding and checking without sockets; `bootstrap.rs` runs it.
+//! Everything here is byte encoding and checking without sockets; `bootstrap/` runs it.
 
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
@@ -38,6 +38,29 @@ pub(crate) fn job_digest(job_id: &str) -> [u8; 16] {
     let full = Sha256::digest(job_id.as_bytes());
     let mut out = [0u8; 16];
     out.copy_from_slice(&full[..16]);
+    out
+}
+
+/// Random bytes for nonces and process instances.
+pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut out = [0u8; N];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        if std::io::Read::read_exact(&mut f, &mut out).is_ok() {
+            return out;
+        }
+    }
+    // Without /dev/urandom the nonce still differs per process and call; it is then only
+    // unpredictable to the extent the clock is.
+    let seed = format!(
+        "{:?}{}{:p}",
+        std::time::Instant::now(),
+        std::process::id(),
+        &out
+    );
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(seed.as_bytes());
+    for (o, d) in out.iter_mut().zip(digest.iter().cycle()) {
+        *o = *d;
+    }
     out
 }
 

@@ -3,7 +3,7 @@
 //! Layout (the same file names serve every socket transport of the workspace):
 //! - `frame.rs`: the frame header (64-bit lengths, frame cap, kinds), pure functions;
 //! - `handshake.rs`: magic, version, job id, rank, world size, optional HMAC, pure functions;
-//! - `bootstrap.rs`: listeners, the rank-0 rendezvous store, connecting with backoff and
+//! - `bootstrap/`: listeners, the rank-0 rendezvous store, connecting with backoff and
 //!   accepting with a deadline;
 //! - `matching.rs`: the matching state machine (posted receives, arriving and unexpected
 //!   messages, backpressure budget, lost peers), no I/O;
