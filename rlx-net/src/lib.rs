@@ -42,7 +42,7 @@ mod transport;
 
 #[cfg(rlx_loom)]
 #[doc(hidden)]
-pub mod model;
+pub mod loom_rank;
 
 pub use bootstrap::SocketRole;
 pub use transport::{

@@ -7,6 +7,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use crate::frame::FrameHeader;
+use crate::sync::{Mutex, MutexGuard, lock};
 
 use super::socket::read_some;
 
@@ -92,14 +93,14 @@ impl LinkRx {
 #[derive(Debug)]
 pub(crate) struct Link {
     pub(super) stream: TcpStream,
-    pub(super) rx: std::sync::Mutex<LinkRx>,
+    pub(super) rx: Mutex<LinkRx>,
 }
 
 impl Link {
     pub(crate) fn new(stream: TcpStream) -> Self {
         Self {
             stream,
-            rx: std::sync::Mutex::new(LinkRx::new()),
+            rx: Mutex::new(LinkRx::new()),
         }
     }
 
@@ -107,11 +108,8 @@ impl Link {
         self.stream.as_raw_fd()
     }
 
-    pub(super) fn rx(&self) -> std::sync::MutexGuard<'_, LinkRx> {
-        match self.rx.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+    pub(super) fn rx(&self) -> MutexGuard<'_, LinkRx> {
+        lock(&self.rx)
     }
 }
 
@@ -125,7 +123,7 @@ pub(super) struct TxState {
 pub(crate) struct PeerIo {
     pub(super) links: Vec<Link>,
     pub(super) addr: String,
-    pub(super) tx: std::sync::Mutex<TxState>,
+    pub(super) tx: Mutex<TxState>,
 }
 
 impl PeerIo {
@@ -134,7 +132,7 @@ impl PeerIo {
         Self {
             links: streams.into_iter().map(Link::new).collect(),
             addr,
-            tx: std::sync::Mutex::new(TxState { next_seq: 0 }),
+            tx: Mutex::new(TxState { next_seq: 0 }),
         }
     }
 

@@ -19,11 +19,13 @@
 //! sockets down (so every thread polling them wakes) and wakes every waiter; `abort` does the
 //! same for every peer and makes its wake-up socket readable forever.
 //!
-//! Layout: this file holds the [`Engine`], its construction, failure and close; `recv.rs` the
-//! receive path; `service.rs` the link service that lands frames; `send.rs` the send path;
+//! Layout: this file holds the [`Engine`], its construction, failure and close; `hub.rs` the
+//! socket-free matching state, wake-up rule and receive loop (the part the loom models check);
+//! `recv.rs` the engine's socket side of that loop; `service.rs` the link service that lands frames; `send.rs` the send path;
 //! `watch.rs` the background watcher; `link.rs` the per-peer sockets and link state;
 //! `socket.rs` the OS calls (`poll(2)`, vectored sends, wake-up sockets).
 
+mod hub;
 mod link;
 mod recv;
 mod send;
@@ -34,16 +36,18 @@ mod watch;
 use std::io::{self, IoSlice};
 use std::net::{Shutdown, SocketAddr};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use rlx_transport::{CollectiveError, Tag};
 
 use crate::error::Lost;
 use crate::frame::{FrameHeader, FrameKind};
-use crate::matching::State;
-use crate::sync::{Condvar, Mutex, lock};
+use crate::sync::{AtomicBool, Mutex};
 
+pub(crate) use hub::Hub;
+// The loom models drive the receive loop through a fake of the sockets.
+#[cfg(rlx_loom)]
+pub(crate) use hub::{DriveEnd, Links};
 pub(crate) use link::{EngineConfig, PeerIo};
 use socket::{WakeWrite, read_some, same_host_congestion_control, send_vectored};
 
@@ -59,17 +63,13 @@ pub(crate) struct Engine {
     world: u32,
     cfg: EngineConfig,
     peers: Vec<Option<PeerIo>>,
-    state: Mutex<State>,
-    changed: Condvar,
-    aborted: AtomicBool,
+    hub: Hub,
     abort_tx: UnixStream,
     abort_rx: UnixStream,
     watch_tx: UnixStream,
     watch_rx: UnixStream,
     watch_kicked: AtomicBool,
-    /// Threads waiting on `changed`; notifying costs a system call, so only when non-zero.
-    sleepers: AtomicUsize,
-    self_seq: std::sync::Mutex<u64>,
+    self_seq: Mutex<u64>,
 }
 
 impl Engine {
@@ -103,35 +103,18 @@ impl Engine {
             world,
             cfg,
             peers,
-            state: Mutex::new(State::new(
-                world,
-                links,
-                cfg.max_unexpected,
-                cfg.min_striped,
-            )),
-            changed: Condvar::new(),
-            aborted: AtomicBool::new(false),
+            hub: Hub::new(rank, world, links, cfg.max_unexpected, cfg.min_striped),
             abort_tx,
             abort_rx,
             watch_tx,
             watch_rx,
             watch_kicked: AtomicBool::new(false),
-            sleepers: AtomicUsize::new(0),
-            self_seq: std::sync::Mutex::new(0),
+            self_seq: Mutex::new(0),
         })
     }
 
     pub(crate) fn op_timeout(&self) -> Duration {
         self.cfg.op_timeout
-    }
-
-    /// Wakes the threads waiting on the state. A waiter registers in `sleepers` while holding
-    /// the state lock before it sleeps, and every caller changes the state under that lock
-    /// before calling this, so a waiter either sees the change or is counted here.
-    fn wake(&self) {
-        if self.sleepers.load(Ordering::SeqCst) > 0 {
-            self.changed.notify_all();
-        }
     }
 
     fn peer_io(&self, rank: u32) -> Result<&PeerIo, CollectiveError> {
@@ -164,11 +147,7 @@ impl Engine {
 
     /// Marks `peer` lost, shuts its sockets down and wakes everyone.
     fn lose(&self, peer: u32, lost: Lost) {
-        lock(&self.state).mark_lost(peer, lost);
-        if let Some(Some(io)) = self.peers.get(peer as usize) {
-            io.shutdown();
-        }
-        self.wake();
+        self.hub.lose(self, peer, lost);
     }
 
     fn lost_from_io(&self, peer: u32, what: &str, err: &io::Error) -> Lost {
@@ -187,19 +166,18 @@ impl Engine {
 
     /// Wakes every blocked call with `Aborted`, shuts every socket down; idempotent.
     pub(crate) fn abort(&self) {
-        if self.aborted.swap(true, Ordering::SeqCst) {
+        if !self.hub.abort() {
             return;
         }
-        lock(&self.state).aborted = true;
         let _ = (&self.abort_tx).write_all_nonblocking(b"!");
         for peer in self.peers.iter().flatten() {
             peer.shutdown();
         }
-        self.wake();
+        self.hub.wake();
     }
 
     pub(crate) fn is_aborted(&self) -> bool {
-        self.aborted.load(Ordering::SeqCst)
+        self.hub.is_aborted()
     }
 
     /// Says goodbye on every link (best effort, never blocking), then shuts everything down.

@@ -53,13 +53,10 @@ impl Engine {
             return self.send_to_self(kind, tag, parts);
         }
         let io = self.peer_io(to)?;
-        if let Some(lost) = lock(&self.state).peers[to as usize].lost.clone() {
+        if let Some(lost) = lock(&self.hub.state).peers[to as usize].lost.clone() {
             return Err(lost.error(to));
         }
-        let mut tx = match io.tx.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut tx = lock(&io.tx);
         let seq = tx.next_seq;
         let stripes = match kind {
             FrameKind::Data => Striping::new(total, io.links.len(), self.cfg.min_striped),
@@ -124,7 +121,7 @@ impl Engine {
             if self.is_aborted() {
                 return Err(CollectiveError::Aborted);
             }
-            if let Some(lost) = lock(&self.state).peers[to as usize].lost.clone() {
+            if let Some(lost) = lock(&self.hub.state).peers[to as usize].lost.clone() {
                 return Err(lost.error(to));
             }
             let now = Instant::now();
@@ -170,11 +167,8 @@ impl Engine {
         tag: Tag,
         parts: &[&[u8]],
     ) -> Result<(), CollectiveError> {
-        let mut seq = match self.self_seq.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        let mut st = lock(&self.state);
+        let mut seq = lock(&self.self_seq);
+        let mut st = lock(&self.hub.state);
         match kind {
             FrameKind::Failure => {
                 let bytes = parts.concat();
@@ -185,7 +179,7 @@ impl Engine {
         }
         *seq += 1;
         drop(st);
-        self.wake();
+        self.hub.wake();
         Ok(())
     }
 
@@ -214,7 +208,7 @@ impl Engine {
             let mut held = held.borrow_mut();
             held.clear();
             {
-                let mut st = lock(&self.state);
+                let mut st = lock(&self.hub.state);
                 for (rank, peer) in st.peers.iter_mut().enumerate() {
                     if peer.lost.is_some() || self.peers.get(rank).is_none_or(|p| p.is_none()) {
                         continue;
@@ -278,7 +272,7 @@ impl Engine {
             }
         }
         {
-            let mut st = lock(&self.state);
+            let mut st = lock(&self.hub.state);
             let now = Instant::now();
             for &(rank, k) in held {
                 let slot = &mut st.peers[rank as usize].links[k];
@@ -301,7 +295,7 @@ impl Engine {
             self.lose(rank, lost);
         }
         if !held.is_empty() {
-            self.wake();
+            self.hub.wake();
         }
     }
 }

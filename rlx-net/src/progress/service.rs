@@ -142,7 +142,7 @@ impl Engine {
                     let failure =
                         Failure::decode(from, &rx.staging[rx.start..rx.start + FAILURE_WIRE_LEN])
                             .map_err(protocol_lost)?;
-                    let mut st = lock(&self.state);
+                    let mut st = lock(&self.hub.state);
                     let taken = st
                         .on_failure(from, header.seq, header.tag, failure)
                         .map_err(protocol_lost)?;
@@ -154,14 +154,14 @@ impl Engine {
                     drop(st);
                     rx.start += FAILURE_WIRE_LEN;
                     rx.header = None;
-                    self.wake();
+                    self.hub.wake();
                     if done {
                         return Ok(Service::OwnDone);
                     }
                     return Ok(Service::Progress);
                 }
                 FrameKind::Data => {
-                    let mut st = lock(&self.state);
+                    let mut st = lock(&self.hub.state);
                     let landing = if header.offset == 0 {
                         if k != 0 {
                             return Err(protocol_lost(CollectiveError::protocol(
@@ -188,7 +188,7 @@ impl Engine {
                     if header.len == 0 {
                         let done = own_id.is_some_and(|id| st.is_done(from, id));
                         drop(st);
-                        self.wake();
+                        self.hub.wake();
                         if done {
                             return Ok(Service::OwnDone);
                         }
@@ -272,12 +272,12 @@ impl Engine {
 
     /// Records `n` bytes of message `seq`; returns whether the caller's own receive is done.
     fn account(&self, from: u32, seq: u64, n: u64, own: Option<PostId>) -> Result<bool, Lost> {
-        let mut st = lock(&self.state);
+        let mut st = lock(&self.hub.state);
         let completed = st.on_bytes(from, seq, n).map_err(protocol_lost)?;
         let done = own.is_some_and(|id| st.is_done(from, id));
         drop(st);
         if completed && !done {
-            self.wake();
+            self.hub.wake();
         }
         Ok(done)
     }

@@ -3,11 +3,10 @@
 
 use std::io::Read;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::matching::Holder;
-use crate::sync::lock;
+use crate::sync::{Ordering, lock};
 
 use super::Engine;
 use super::socket::{poll, pollfd};
@@ -26,7 +25,7 @@ impl Engine {
         while !self.is_aborted() {
             held.clear();
             {
-                let mut st = lock(&self.state);
+                let mut st = lock(&self.hub.state);
                 let now = Instant::now();
                 for (rank, peer) in st.peers.iter_mut().enumerate() {
                     if peer.lost.is_some() || self.peers.get(rank).is_none_or(|p| p.is_none()) {
@@ -71,7 +70,7 @@ impl Engine {
                 .copied()
                 .collect();
             {
-                let mut st = lock(&self.state);
+                let mut st = lock(&self.hub.state);
                 let now = Instant::now();
                 for &(rank, k) in &idle {
                     let slot = &mut st.peers[rank as usize].links[k];
@@ -85,7 +84,7 @@ impl Engine {
                 }
             }
             if !idle.is_empty() {
-                self.wake();
+                self.hub.wake();
             }
             self.drain_held(&readable);
         }
