@@ -41,27 +41,20 @@ pub(crate) fn job_digest(job_id: &str) -> [u8; 16] {
     out
 }
 
-/// Random bytes for nonces and process instances.
-pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
+/// Random bytes for nonces and process instances, from the operating system's generator.
+///
+/// Fails closed: without randomness a nonce would be predictable and the secret's
+/// challenge-response replayable, so bootstrap stops instead of falling back to anything weaker.
+pub(crate) fn random_bytes<const N: usize>() -> Result<[u8; N], CollectiveError> {
     let mut out = [0u8; N];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        if std::io::Read::read_exact(&mut f, &mut out).is_ok() {
-            return out;
-        }
-    }
-    // Without /dev/urandom the nonce still differs per process and call; it is then only
-    // unpredictable to the extent the clock is.
-    let seed = format!(
-        "{:?}{}{:p}",
-        std::time::Instant::now(),
-        std::process::id(),
-        &out
-    );
-    let digest = <sha2::Sha256 as sha2::Digest>::digest(seed.as_bytes());
-    for (o, d) in out.iter_mut().zip(digest.iter().cycle()) {
-        *o = *d;
-    }
-    out
+    getrandom::fill(&mut out).map_err(|e| CollectiveError::Io {
+        peer: None,
+        source: std::io::Error::other(format!(
+            "the operating system's random number generator failed ({e}); handshake nonces \
+             cannot be made"
+        )),
+    })?;
+    Ok(out)
 }
 
 /// The connector's opening message.

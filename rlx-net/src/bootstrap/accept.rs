@@ -193,7 +193,9 @@ fn handshake_acceptor(
         }
         refusal
     };
-    let nonce = random_bytes::<16>();
+    // Without randomness the connection is refused rather than answered with a guessable nonce.
+    let nonce = random_bytes::<16>()
+        .map_err(|e| release(refuse(Refusal::new(RefusalCode::Other, e.to_string()))))?;
     let mac = cfg.secret.as_deref().map_or([0; MAC_LEN], |secret| {
         handshake::mac(secret, Side::Acceptor, &hello_bytes, &nonce)
     });

@@ -133,7 +133,7 @@ fn handshake_connector(
         link,
         links: cfg.links,
         instance,
-        nonce: random_bytes::<16>(),
+        nonce: random_bytes::<16>()?,
     };
     let hello_bytes = hello.encode();
     let mut s = stream;

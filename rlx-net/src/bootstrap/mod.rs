@@ -57,7 +57,7 @@ pub(crate) fn establish(cfg: &BootConfig) -> Result<Established, CollectiveError
         });
     }
     let deadline = Instant::now() + cfg.connect_timeout;
-    let instance = u64::from_le_bytes(random_bytes::<8>());
+    let instance = u64::from_le_bytes(random_bytes::<8>()?);
     let (listeners, table, instances) = match &cfg.rendezvous {
         Rendezvous::Hostfile(entries) => {
             if entries.len() != world {
