@@ -1,4 +1,7 @@
-//! The portable TCP transport of RLX: [`TcpTransport`].
+//! The TCP transport of RLX for Unix systems (Linux, macOS, the BSDs): [`TcpTransport`].
+//!
+//! It relies on Unix-only pieces, `poll(2)` and Unix-domain sockets for its wake-ups, so it
+//! does not build on Windows.
 //!
 //! Layout (the same file names serve every socket transport of the workspace):
 //! - `frame.rs`: the frame header (64-bit lengths, frame cap, kinds), pure functions;

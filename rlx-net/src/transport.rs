@@ -24,7 +24,7 @@ pub const DEFAULT_MAX_UNEXPECTED_BYTES: u64 = 64 << 20;
 /// Messages at least this long are striped over the links of a peer when there are several.
 pub const DEFAULT_MIN_STRIPED_BYTES: u64 = 256 << 10;
 
-/// The portable TCP transport: one or more TCP connections to every other rank, driven by the
+/// The TCP transport (Unix): one or more TCP connections to every other rank, driven by the
 /// threads that call it.
 ///
 /// Build one with [`TcpTransport::from_env`] (launched by torchrun, `mlx.launch`, Open MPI,
