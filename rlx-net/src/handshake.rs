@@ -9,7 +9,7 @@
 //! 3. With a secret only: the connector answers with its HMAC over the hello and the acceptor's
 //!    nonce, and the acceptor sends one verdict byte.
 //!
-//! Everything here is byte encoding and checking without sockets; `bootstrap.rs` runs it.
+//! Everything here is byte encoding and checking without sockets; `bootstrap/` runs it.
 
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
@@ -39,6 +39,22 @@ pub(crate) fn job_digest(job_id: &str) -> [u8; 16] {
     let mut out = [0u8; 16];
     out.copy_from_slice(&full[..16]);
     out
+}
+
+/// Random bytes for nonces and process instances, from the operating system's generator.
+///
+/// Fails closed: without randomness a nonce would be predictable and the secret's
+/// challenge-response replayable, so bootstrap stops instead of falling back to anything weaker.
+pub(crate) fn random_bytes<const N: usize>() -> Result<[u8; N], CollectiveError> {
+    let mut out = [0u8; N];
+    getrandom::fill(&mut out).map_err(|e| CollectiveError::Io {
+        peer: None,
+        source: std::io::Error::other(format!(
+            "the operating system's random number generator failed ({e}); handshake nonces \
+             cannot be made"
+        )),
+    })?;
+    Ok(out)
 }
 
 /// The connector's opening message.

@@ -1,13 +1,16 @@
-//! The portable TCP transport of RLX: [`TcpTransport`].
+//! The TCP transport of RLX for Unix systems (Linux, macOS, the BSDs): [`TcpTransport`].
+//!
+//! It relies on Unix-only pieces, `poll(2)` and Unix-domain sockets for its wake-ups, so it
+//! does not build on Windows.
 //!
 //! Layout (the same file names serve every socket transport of the workspace):
 //! - `frame.rs`: the frame header (64-bit lengths, frame cap, kinds), pure functions;
 //! - `handshake.rs`: magic, version, job id, rank, world size, optional HMAC, pure functions;
-//! - `bootstrap.rs`: listeners, the rank-0 rendezvous store, connecting with backoff and
+//! - `bootstrap/`: listeners, the rank-0 rendezvous store, connecting with backoff and
 //!   accepting with a deadline;
 //! - `matching.rs`: the matching state machine (posted receives, arriving and unexpected
 //!   messages, backpressure budget, lost peers), no I/O;
-//! - `progress.rs`: the engine that reads and writes the sockets on the calling threads;
+//! - `progress/`: the engine that reads and writes the sockets on the calling threads;
 //! - `error.rs`: how failures map onto `CollectiveError`;
 //! - `transport.rs`: [`TcpTransport`], its builder and the [`Transport`] methods.
 //!
@@ -42,7 +45,7 @@ mod transport;
 
 #[cfg(rlx_loom)]
 #[doc(hidden)]
-pub mod model;
+pub mod loom_rank;
 
 pub use bootstrap::SocketRole;
 pub use transport::{

@@ -5,7 +5,8 @@
 //! here runs under that lock and does no I/O. The reader of a socket calls
 //! [`State::on_first_frame`], [`State::on_stripe`] and [`State::on_bytes`] as bytes arrive;
 //! receivers call [`State::begin_recv`], [`State::poll_post`] and [`State::withdraw`]. The loom
-//! models in `tests/loom_progress.rs` drive exactly these methods from racing threads.
+//! models in `tests/loom_progress.rs` run the engine's receive loop over these methods from
+//! racing threads.
 //!
 //! Memory: a message with a posted receive lands in that receive's buffer (or a buffer handed
 //! to it); a message nobody waits for is *unexpected* and counts against a per-peer budget.

@@ -3,8 +3,6 @@
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rlx_transport::ifname::IfnameFilter;
@@ -17,6 +15,7 @@ use crate::frame::FrameKind;
 use crate::handshake::job_digest;
 use crate::matching::Outcome;
 use crate::progress::{DEFAULT_SPIN, Engine, EngineConfig, PeerIo};
+use crate::sync::{Arc, thread};
 
 /// Default frame cap: the largest message accepted from the wire (`RLX_MAX_FRAME_BYTES`).
 pub const DEFAULT_MAX_FRAME_BYTES: u64 = 1 << 30;
@@ -25,7 +24,7 @@ pub const DEFAULT_MAX_UNEXPECTED_BYTES: u64 = 64 << 20;
 /// Messages at least this long are striped over the links of a peer when there are several.
 pub const DEFAULT_MIN_STRIPED_BYTES: u64 = 256 << 10;
 
-/// The portable TCP transport: one or more TCP connections to every other rank, driven by the
+/// The TCP transport (Unix): one or more TCP connections to every other rank, driven by the
 /// threads that call it.
 ///
 /// Build one with [`TcpTransport::from_env`] (launched by torchrun, `mlx.launch`, Open MPI,
@@ -57,7 +56,7 @@ pub struct TcpTransport {
     rank: u32,
     world: u32,
     engine: Arc<Engine>,
-    watcher: Option<JoinHandle<()>>,
+    watcher: Option<thread::JoinHandle<()>>,
 }
 
 impl fmt::Debug for TcpTransport {
@@ -253,7 +252,9 @@ impl TcpTransportBuilder {
         mut self,
         hook: impl Fn(&socket2::Socket, SocketRole) -> std::io::Result<()> + Send + Sync + 'static,
     ) -> Self {
-        let hook: Arc<SocketSetupFn> = Arc::new(hook);
+        // The hook is configuration, not modelled state, and `std`'s `Arc` can hold a closure
+        // as a trait object.
+        let hook: std::sync::Arc<SocketSetupFn> = std::sync::Arc::new(hook);
         self.socket_setup = Some(SocketSetup(hook));
         self
     }
@@ -358,7 +359,7 @@ impl TcpTransportBuilder {
         let watcher = if world > 1 {
             let e = Arc::clone(&engine);
             Some(
-                std::thread::Builder::new()
+                thread::Builder::new()
                     .name(format!("rlx-net-watch-{rank}"))
                     .spawn(move || e.watch())
                     .map_err(|source| CollectiveError::Io { peer: None, source })?,

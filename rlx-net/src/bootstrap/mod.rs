@@ -1,0 +1,164 @@
+//! Rendezvous and link establishment: listeners, the rank-0 store, connecting with backoff,
+//! accepting with a deadline, and running the [handshake](crate::handshake) on every link.
+//!
+//! Topology: rank `i` connects to every rank below it and accepts every rank above it, one TCP
+//! connection per link. Every accepted connection is handshaken on its own scoped thread, so a
+//! silent or hostile client never delays the right ranks; a refusal is answered with a reason,
+//! logged on stderr, and the accept loop carries on. All bootstrap threads end before
+//! [`establish`] returns.
+//!
+//! The store (rank 0, `RLX_MASTER_ADDR:RLX_MASTER_PORT`): every rank registers its process
+//! instance and listening addresses; when all have, the store sends everyone the table. A rank
+//! advertises the local address of its route towards the store, so a host name that resolves
+//! to loopback is never advertised to other hosts; a loopback address that a remote rank would
+//! see is replaced by the address the store observed.
+//!
+//! Layout: this file runs [`establish`]; `config.rs` holds what bootstrap is told and hands
+//! back; `socket.rs` the socket setup; `address.rs` the choice of addresses; `connect.rs` and
+//! `accept.rs` the two sides of every link; `store/` the rendezvous store.
+mod accept;
+mod address;
+mod config;
+mod connect;
+mod socket;
+mod store;
+
+use std::io;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use rlx_transport::bootstrap::resolve;
+use rlx_transport::{CollectiveError, Rendezvous};
+
+use crate::handshake::{Expectation, random_bytes};
+
+use accept::accept_all;
+use address::{choose_ip, store_scope, with_scope};
+pub use config::SocketRole;
+pub(crate) use config::{BootConfig, Established, SocketSetup, SocketSetupFn};
+use connect::connect_all;
+pub(crate) use socket::tune;
+use socket::{listen, unspecified};
+use store::{Registration, register, serve_store};
+
+fn io_err(peer: Option<u32>, source: io::Error) -> CollectiveError {
+    CollectiveError::Io { peer, source }
+}
+
+/// Establishes every link of this rank; see the module docs.
+pub(crate) fn establish(cfg: &BootConfig) -> Result<Established, CollectiveError> {
+    let world = cfg.world as usize;
+    let mut links: Vec<Vec<TcpStream>> = (0..world).map(|_| Vec::new()).collect();
+    if cfg.world == 1 {
+        return Ok(Established {
+            links,
+            addrs: vec![None],
+        });
+    }
+    let deadline = Instant::now() + cfg.connect_timeout;
+    let instance = u64::from_le_bytes(random_bytes::<8>()?);
+    let (listeners, table, instances) = match &cfg.rendezvous {
+        Rendezvous::Hostfile(entries) => {
+            if entries.len() != world {
+                return Err(CollectiveError::config(format!(
+                    "the hostfile lists {} ranks for a world of {}",
+                    entries.len(),
+                    cfg.world
+                )));
+            }
+            let mut table = Vec::with_capacity(world);
+            for entry in entries {
+                let mut addrs = Vec::new();
+                for a in entry {
+                    addrs.push(resolve(a)?[0]);
+                }
+                table.push(addrs);
+            }
+            let mut listeners = Vec::new();
+            for addr in &table[cfg.rank as usize] {
+                let setup = cfg.socket_setup.as_ref();
+                let listener = listen(*addr, setup)
+                    .or_else(|_| listen((unspecified(addr.ip()), addr.port()).into(), setup))
+                    .map_err(|e| {
+                        CollectiveError::config(format!(
+                            "rank {} cannot listen on {addr} from the hostfile: {e}",
+                            cfg.rank
+                        ))
+                    })?;
+                listeners.push(listener);
+            }
+            (listeners, table, None)
+        }
+        Rendezvous::Store { host, port } => {
+            let master = resolve(&format!("{host}:{port}"))?;
+            let scope = store_scope(&master);
+            let (bind_ip, advertise_ip) = choose_ip(cfg, &master)?;
+            let bind = with_scope((bind_ip, 0).into(), scope);
+            let listener = listen(bind, cfg.socket_setup.as_ref()).map_err(|e| io_err(None, e))?;
+            let port = listener.local_addr().map_err(|e| io_err(None, e))?.port();
+            let me = Registration {
+                instance,
+                addrs: vec![(advertise_ip, port).into()],
+            };
+            let regs = if cfg.rank == 0 {
+                serve_store(cfg, &master, me, deadline)?
+            } else {
+                register(cfg, &master, &me, deadline)?
+            };
+            let instances: Vec<u64> = regs.iter().map(|r| r.instance).collect();
+            let table = regs
+                .into_iter()
+                .map(|r| r.addrs.into_iter().map(|a| with_scope(a, scope)).collect())
+                .collect();
+            (vec![listener], table, Some(instances))
+        }
+    };
+    let expect = Expectation {
+        job: cfg.job,
+        world_size: cfg.world,
+        my_rank: cfg.rank,
+        links: cfg.links,
+        has_secret: cfg.secret.is_some(),
+        instances: instances.as_deref(),
+    };
+    let inbound = (cfg.world - cfg.rank - 1) as usize * cfg.links as usize;
+    let failed = AtomicBool::new(false);
+    let (accepted, outbound) = std::thread::scope(|scope| {
+        let acceptor =
+            scope.spawn(|| accept_all(cfg, &listeners, &expect, inbound, deadline, &failed));
+        let outbound = connect_all(cfg, &table, instance, deadline);
+        if outbound.is_err() {
+            failed.store(true, Ordering::SeqCst);
+        }
+        let accepted = acceptor
+            .join()
+            .unwrap_or_else(|_| Err(CollectiveError::config("the accept thread panicked")));
+        (accepted, outbound)
+    });
+    let outbound = outbound?;
+    let accepted = accepted?;
+    let mut slots: Vec<Vec<Option<TcpStream>>> = (0..world)
+        .map(|_| (0..cfg.links).map(|_| None).collect())
+        .collect();
+    for (rank, link, stream) in outbound.into_iter().chain(accepted) {
+        slots[rank as usize][link as usize] = Some(stream);
+    }
+    let mut addrs = vec![None; world];
+    for (rank, row) in slots.into_iter().enumerate() {
+        if rank == cfg.rank as usize {
+            continue;
+        }
+        for (link, stream) in row.into_iter().enumerate() {
+            let stream = stream.ok_or_else(|| {
+                CollectiveError::config(format!("link {link} to rank {rank} was not established"))
+            })?;
+            tune(&stream).map_err(|e| io_err(Some(rank as u32), e))?;
+            if link == 0 {
+                addrs[rank] = stream.peer_addr().ok();
+            }
+            links[rank].push(stream);
+        }
+    }
+    Ok(Established { links, addrs })
+}

@@ -1,0 +1,166 @@
+//! The store's server: rank 0 hosts it until every rank registered, then answers everyone
+//! with the table.
+
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicUsize;
+use std::time::Instant;
+
+use rlx_transport::CollectiveError;
+
+use crate::handshake::{Refusal, RefusalCode};
+
+use super::wire::{Registration, read_registration, store_reply};
+use crate::bootstrap::accept::{HELLO_TIMEOUT, InFlight, log_refusal};
+use crate::bootstrap::address::public_address;
+use crate::bootstrap::config::BootConfig;
+use crate::bootstrap::socket::{listen, unspecified};
+
+/// Rank 0: hosts the store until every rank registered, answers everyone with the table, and
+/// returns it.
+pub(in crate::bootstrap) fn serve_store(
+    cfg: &BootConfig,
+    master: &[SocketAddr],
+    me: Registration,
+    deadline: Instant,
+) -> Result<Vec<Registration>, CollectiveError> {
+    let port = master[0].port();
+    let listener = listen(
+        (unspecified(master[0].ip()), port).into(),
+        cfg.socket_setup.as_ref(),
+    )
+    .map_err(|e| {
+        CollectiveError::config(format!(
+            "rank 0 cannot host the rendezvous store on port {port}: {e}"
+        ))
+    })?;
+    let world = cfg.world as usize;
+    // Per rank: the connection, what it registered, how the store saw it.
+    type Entry = (TcpStream, Registration, Option<IpAddr>, Option<IpAddr>);
+    let entries: Mutex<Vec<Option<Entry>>> = Mutex::new((0..world).map(|_| None).collect());
+    let count = |e: &Mutex<Vec<Option<Entry>>>| e.lock().map_or(0, |v| v.iter().flatten().count());
+    let pending: Mutex<Vec<TcpStream>> = Mutex::new(Vec::new());
+    let in_flight = AtomicUsize::new(0);
+    let result = std::thread::scope(|scope| {
+        let result = loop {
+            if count(&entries) + 1 >= world {
+                break Ok(());
+            }
+            if Instant::now() >= deadline {
+                break Err(CollectiveError::Timeout {
+                    peer: None,
+                    op: "rendezvous",
+                    after: cfg.connect_timeout,
+                });
+            }
+            let mut fd = [libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            // SAFETY: one valid pollfd for the duration of the call.
+            unsafe { libc::poll(fd.as_mut_ptr(), 1, 20) };
+            while let Ok((stream, from)) = listener.accept() {
+                let Some(guard) = InFlight::enter(&in_flight) else {
+                    let _ = stream.shutdown(std::net::Shutdown::Both);
+                    continue;
+                };
+                if let Ok(c) = stream.try_clone() {
+                    if let Ok(mut p) = pending.lock() {
+                        p.push(c);
+                    }
+                }
+                let entries = &entries;
+                scope.spawn(move || {
+                    let _guard = guard;
+                    let _ = stream.set_nonblocking(false);
+                    let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
+                    let mut s = &stream;
+                    match read_registration(cfg, &mut s) {
+                        Ok((rank, reg)) => {
+                            let Ok(mut e) = entries.lock() else { return };
+                            if e[rank as usize].is_some() {
+                                let refusal = Refusal::new(
+                                    RefusalCode::Duplicate,
+                                    format!(
+                                        "duplicate rank {rank}: another process registered it first"
+                                    ),
+                                );
+                                drop(e);
+                                let _ = s.write_all(&store_reply(Err(&refusal)));
+                                let _ = stream.shutdown(std::net::Shutdown::Both);
+                                log_refusal(0, Some(from), &refusal);
+                                return;
+                            }
+                            let observed = stream.peer_addr().ok().map(|a| a.ip());
+                            let via = stream.local_addr().ok().map(|a| a.ip());
+                            e[rank as usize] = Some((stream, reg, observed, via));
+                        }
+                        Err(refusal) => {
+                            let _ = s.write_all(&store_reply(Err(&refusal)));
+                            let _ = stream.shutdown(std::net::Shutdown::Both);
+                            log_refusal(0, Some(from), &refusal);
+                        }
+                    }
+                });
+            }
+        };
+        if let Ok(p) = pending.lock() {
+            let keep = entries.lock().map(|e| {
+                e.iter()
+                    .flatten()
+                    .filter_map(|(s, ..)| s.peer_addr().ok())
+                    .collect::<Vec<_>>()
+            });
+            let keep = keep.unwrap_or_default();
+            for s in p.iter() {
+                if s.peer_addr().map_or(true, |a| !keep.contains(&a)) {
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                }
+            }
+        }
+        result
+    });
+    let mut entries = entries
+        .into_inner()
+        .map_err(|_| CollectiveError::config("store lock poisoned"))?;
+    result?;
+    let remote_via = entries
+        .iter()
+        .flatten()
+        .find(|(_, _, observed, _)| observed.is_some_and(|ip| !ip.is_loopback()))
+        .and_then(|(_, _, _, via)| *via);
+    let mut table = Vec::with_capacity(world);
+    for (rank, slot) in entries.iter().enumerate() {
+        let reg = match slot {
+            _ if rank == 0 => {
+                let mut me = me.clone();
+                for a in &mut me.addrs {
+                    *a = public_address(*a, remote_via);
+                }
+                me
+            }
+            Some((_, reg, observed, _)) => {
+                let mut reg = reg.clone();
+                for a in &mut reg.addrs {
+                    *a = public_address(*a, *observed);
+                }
+                reg
+            }
+            None => {
+                return Err(CollectiveError::config(format!(
+                    "rank {rank} never registered"
+                )));
+            }
+        };
+        table.push(reg);
+    }
+    let reply = store_reply(Ok(&table));
+    for (stream, ..) in entries.iter_mut().flatten() {
+        let mut s = &*stream;
+        let _ = s.write_all(&reply);
+    }
+    Ok(table)
+}

@@ -1,0 +1,239 @@
+//! The socket-free heart of the engine: the matching state, its condition variable, the rule
+//! for waking sleepers, and the receive loop (post, wait as a follower or take the reader role,
+//! give up at the deadline, release, wake).
+//!
+//! Nothing here touches a socket or reads the system clock: the loop reaches the sockets and the
+//! clock through [`Links`], which the engine implements over TCP and the loom models implement
+//! with a fake peer (a loom thread landing frames), so that the code that ships is the code that
+//! is model-checked. `Links` is a generic parameter, monomorphised for the engine: no boxing or
+//! indirect call on the latency path.
+
+use std::time::{Duration, Instant};
+
+use rlx_transport::{CollectiveError, Tag};
+
+use crate::error::Lost;
+use crate::matching::{Begin, Holder, Outcome, PostId, State, Withdrawn};
+use crate::sync::{AtomicBool, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering, lock};
+
+/// Why a receiving thread stopped reading the links it held.
+#[derive(Debug)]
+pub(crate) enum DriveEnd {
+    /// Its own receive finished.
+    OwnDone,
+    /// Every link is parked (the unexpected budget is used up); someone else must receive.
+    Stalled,
+    /// The deadline passed; the receive was withdrawn, and this is what it had finished with.
+    Deadline(Option<Outcome>),
+    /// Reading failed: the peer is lost for this reason.
+    Lost(Lost),
+    /// The transport was aborted.
+    Aborted,
+}
+
+/// What the receive loop needs from the sockets and the clock.
+pub(crate) trait Links {
+    /// The clock that deadlines are measured on.
+    fn now(&self) -> Instant;
+
+    /// Asks the background watcher to hand back the links it holds, because a caller wants
+    /// them. Called with the state locked.
+    fn kick_watcher(&self);
+
+    /// Shuts down the connections to `peer`, so that every thread reading them wakes up.
+    fn shut_down(&self, peer: u32);
+
+    /// Reads the links to `from`, whose reader role this thread holds, for the posted receive
+    /// `id` (landing it in `buf` when one is given), until that receive finishes, every link is
+    /// parked, `deadline` passes, the peer is lost or the transport is aborted. Called without
+    /// the state lock.
+    fn drive(
+        &self,
+        hub: &Hub,
+        from: u32,
+        id: PostId,
+        buf: &mut Option<&mut [u8]>,
+        deadline: Option<Instant>,
+    ) -> DriveEnd;
+}
+
+/// The matching state of one transport and how threads wait for it to change.
+#[derive(Debug)]
+pub(crate) struct Hub {
+    rank: u32,
+    world: u32,
+    pub(crate) state: Mutex<State>,
+    changed: Condvar,
+    aborted: AtomicBool,
+    /// Threads waiting on `changed`; notifying costs a system call, so only when non-zero.
+    sleepers: AtomicUsize,
+}
+
+impl Hub {
+    /// The state of rank `rank` in a world of `world`, with `links` links per peer, an
+    /// unexpected budget of `budget` bytes per peer, and striping from `min_striped` bytes.
+    pub(crate) fn new(rank: u32, world: u32, links: usize, budget: u64, min_striped: u64) -> Self {
+        Self {
+            rank,
+            world,
+            state: Mutex::new(State::new(world, links, budget, min_striped)),
+            changed: Condvar::new(),
+            aborted: AtomicBool::new(false),
+            sleepers: AtomicUsize::new(0),
+        }
+    }
+
+    /// Wakes the threads waiting on the state. A waiter registers in `sleepers` while holding
+    /// the state lock before it sleeps, and every caller changes the state under that lock
+    /// before calling this, so a waiter either sees the change or is counted here.
+    pub(crate) fn wake(&self) {
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            self.changed.notify_all();
+        }
+    }
+
+    /// Sleeps on the state for at most `wait`, counted in `sleepers` meanwhile.
+    fn sleep<'a>(&self, st: MutexGuard<'a, State>, wait: Duration) -> MutexGuard<'a, State> {
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        let st = match self.changed.wait_timeout(st, wait) {
+            Ok((g, _)) => g,
+            Err(p) => p.into_inner().0,
+        };
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        st
+    }
+
+    /// Whether [`Hub::abort`] was called.
+    pub(crate) fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
+    }
+
+    /// Records the abort; returns `false` when it was recorded before. The caller then shuts the
+    /// sockets down and calls [`Hub::wake`].
+    ///
+    /// The state learns of the abort before the flag is raised, under the state lock: a reader
+    /// that sees the flag and gives up its links must find the state aborted when it next locks
+    /// it, or it would take the links again and spin until the state caught up.
+    pub(crate) fn abort(&self) -> bool {
+        let mut st = lock(&self.state);
+        if st.aborted {
+            return false;
+        }
+        st.aborted = true;
+        self.aborted.store(true, Ordering::SeqCst);
+        true
+    }
+
+    /// Marks `peer` lost, shuts its connections down and wakes everyone.
+    pub(crate) fn lose<L: Links>(&self, links: &L, peer: u32, lost: Lost) {
+        lock(&self.state).mark_lost(peer, lost);
+        links.shut_down(peer);
+        self.wake();
+    }
+
+    /// Receives the next message from `from` under `tag`, landing it in `buf` when one is
+    /// given. `Ok(None)` at the deadline.
+    pub(crate) fn recv<L: Links>(
+        &self,
+        links: &L,
+        from: u32,
+        tag: Tag,
+        mut buf: Option<&mut [u8]>,
+        timeout: Duration,
+    ) -> Result<Option<Outcome>, CollectiveError> {
+        if from >= self.world {
+            return Err(CollectiveError::UnknownRank {
+                rank: from,
+                world_size: self.world,
+            });
+        }
+        let deadline = links.now().checked_add(timeout);
+        let mut st = lock(&self.state);
+        let id = match st.begin_recv(from, tag, buf.as_ref().map(|b| b.len()))? {
+            Begin::Ready(outcome) => {
+                drop(st);
+                self.wake();
+                return Ok(Some(outcome));
+            }
+            Begin::Posted(id) => {
+                // Claiming a message that was still arriving frees budget a stalled reader
+                // may be waiting for (notifying under the lock is fine).
+                self.wake();
+                id
+            }
+        };
+        let is_self = from == self.rank;
+        let mut stalled = false;
+        loop {
+            if let Some(result) = st.poll_post(from, id) {
+                return result.map(Some);
+            }
+            let now = links.now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(match st.withdraw(from, id, buf.as_deref()) {
+                    Withdrawn::Finished(outcome) => Some(outcome),
+                    Withdrawn::Gone | Withdrawn::Moved { .. } => None,
+                });
+            }
+            let acquired = !is_self && !stalled && self.try_acquire(links, &mut st, from, id);
+            if !acquired {
+                let wait = deadline.map_or(Duration::from_secs(3600), |d| d - now);
+                st = self.sleep(st, wait);
+                stalled = false;
+                continue;
+            }
+            drop(st);
+            let end = links.drive(self, from, id, &mut buf, deadline);
+            st = lock(&self.state);
+            let parked_any = release(&mut st, from, links.now());
+            drop(st);
+            self.wake();
+            match end {
+                DriveEnd::OwnDone | DriveEnd::Aborted => {}
+                DriveEnd::Stalled => stalled = parked_any,
+                DriveEnd::Deadline(outcome) => return Ok(outcome),
+                DriveEnd::Lost(lost) => self.lose(links, from, lost),
+            }
+            st = lock(&self.state);
+        }
+    }
+
+    /// Takes the reader role of every link to `from`, or marks the held ones wanted.
+    fn try_acquire<L: Links>(&self, links: &L, st: &mut State, from: u32, id: PostId) -> bool {
+        let peer = &mut st.peers[from as usize];
+        if peer.lost.is_some() {
+            return false;
+        }
+        if peer.links.iter().all(|l| l.holder == Holder::Free) {
+            for slot in &mut peer.links {
+                slot.holder = Holder::Receiver(id);
+            }
+            return true;
+        }
+        let mut kick = false;
+        for slot in &mut peer.links {
+            if slot.holder != Holder::Free {
+                slot.wanted = true;
+                kick |= slot.holder == Holder::Background;
+            }
+        }
+        if kick {
+            links.kick_watcher();
+        }
+        false
+    }
+}
+
+/// Releases the reader role of every link to `from` at `now`; returns whether any is parked.
+fn release(st: &mut State, from: u32, now: Instant) -> bool {
+    let peer = &mut st.peers[from as usize];
+    let mut parked = false;
+    for slot in &mut peer.links {
+        slot.holder = Holder::Free;
+        slot.wanted = false;
+        slot.released_at = now;
+        parked |= slot.parked;
+    }
+    peer.drop_arriving_if_lost();
+    parked
+}

@@ -1,0 +1,208 @@
+//! The progress engine: reads and writes the sockets of established links on the calling
+//! threads, and feeds the [`State`](crate::matching::State) matching machine.
+//!
+//! How a receive makes progress (no thread hop on the latency path):
+//! - The receiving thread posts its receive, then takes the *reader role* of every link to the
+//!   peer it waits for, and reads those sockets itself: non-blocking reads in a short spin, then
+//!   `poll(2)`. A frame for its own receive lands straight in its buffer.
+//! - A thread that finds the links taken waits on the condition variable (a follower): the
+//!   reader hands frames addressed to others over in buffers of their own and wakes them, and
+//!   wakes them again when it releases the links so that one of them reads next.
+//! - A sender whose write would block reads every free link meanwhile (so two ranks sending
+//!   large messages to each other, or a ring of them, cannot deadlock), within the per-peer
+//!   unexpected budget.
+//! - A background watcher polls links that no caller has touched for a little while: it drains
+//!   them into the budget and notices a lost peer at once even when nobody waits for it. A caller
+//!   that wants a link the watcher holds kicks it through a wake-up socket.
+//!
+//! Failure: EOF, a reset or a protocol violation on any link marks the peer lost, shuts its
+//! sockets down (so every thread polling them wakes) and wakes every waiter; `abort` does the
+//! same for every peer and makes its wake-up socket readable forever.
+//!
+//! Layout: this file holds the [`Engine`], its construction, failure and close; `hub.rs` the
+//! socket-free matching state, wake-up rule and receive loop (the part the loom models check);
+//! `recv.rs` the engine's socket side of that loop; `service.rs` the link service that lands frames; `send.rs` the send path;
+//! `watch.rs` the background watcher; `link.rs` the per-peer sockets and link state;
+//! `socket.rs` the OS calls (`poll(2)`, vectored sends, wake-up sockets).
+
+mod hub;
+mod link;
+mod recv;
+mod send;
+mod service;
+mod socket;
+mod watch;
+
+use std::io::{self, IoSlice};
+use std::net::{Shutdown, SocketAddr};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use rlx_transport::{CollectiveError, Tag};
+
+use crate::error::Lost;
+use crate::frame::{FrameHeader, FrameKind};
+use crate::sync::{AtomicBool, Mutex};
+
+pub(crate) use hub::Hub;
+// The loom models drive the receive loop through a fake of the sockets.
+#[cfg(rlx_loom)]
+pub(crate) use hub::{DriveEnd, Links};
+pub(crate) use link::{EngineConfig, PeerIo};
+use socket::{WakeWrite, read_some, same_host_congestion_control, send_vectored};
+
+/// Default of [`EngineConfig::spin`]: how long a thread that waits for its own receive spins
+/// on non-blocking reads before it blocks in `poll(2)` (a blocking wake-up costs ~30 µs on the
+/// reference machine).
+pub(crate) const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+
+/// The progress engine of one transport; see the module docs.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    rank: u32,
+    world: u32,
+    cfg: EngineConfig,
+    peers: Vec<Option<PeerIo>>,
+    hub: Hub,
+    abort_tx: UnixStream,
+    abort_rx: UnixStream,
+    watch_tx: UnixStream,
+    watch_rx: UnixStream,
+    watch_kicked: AtomicBool,
+    self_seq: Mutex<u64>,
+}
+
+impl Engine {
+    /// An engine over established links: `peers[r]` holds rank `r`'s links (`None` for this
+    /// rank), every peer with the same number of links.
+    pub(crate) fn new(
+        rank: u32,
+        world: u32,
+        cfg: EngineConfig,
+        peers: Vec<Option<PeerIo>>,
+    ) -> io::Result<Self> {
+        let links = peers
+            .iter()
+            .flatten()
+            .map(|p| p.links.len())
+            .max()
+            .unwrap_or(1);
+        for peer in peers.iter().flatten() {
+            for link in &peer.links {
+                link.stream.set_nonblocking(true)?;
+                same_host_congestion_control(&link.stream);
+            }
+        }
+        let (abort_tx, abort_rx) = UnixStream::pair()?;
+        let (watch_tx, watch_rx) = UnixStream::pair()?;
+        for s in [&abort_tx, &abort_rx, &watch_tx, &watch_rx] {
+            s.set_nonblocking(true)?;
+        }
+        Ok(Self {
+            rank,
+            world,
+            cfg,
+            peers,
+            hub: Hub::new(rank, world, links, cfg.max_unexpected, cfg.min_striped),
+            abort_tx,
+            abort_rx,
+            watch_tx,
+            watch_rx,
+            watch_kicked: AtomicBool::new(false),
+            self_seq: Mutex::new(0),
+        })
+    }
+
+    pub(crate) fn op_timeout(&self) -> Duration {
+        self.cfg.op_timeout
+    }
+
+    fn peer_io(&self, rank: u32) -> Result<&PeerIo, CollectiveError> {
+        match self.peers.get(rank as usize) {
+            Some(Some(p)) => Ok(p),
+            _ => Err(CollectiveError::UnknownRank {
+                rank,
+                world_size: self.world,
+            }),
+        }
+    }
+
+    fn check_rank(&self, rank: u32) -> Result<(), CollectiveError> {
+        if rank >= self.world {
+            return Err(CollectiveError::UnknownRank {
+                rank,
+                world_size: self.world,
+            });
+        }
+        Ok(())
+    }
+
+    /// The address of `rank`'s first link, for messages.
+    pub(crate) fn peer_addr(&self, rank: u32) -> Option<SocketAddr> {
+        let peer = self.peers.get(rank as usize)?.as_ref()?;
+        peer.links.first()?.stream.peer_addr().ok()
+    }
+
+    // ----- failure -----------------------------------------------------------------------
+
+    /// Marks `peer` lost, shuts its sockets down and wakes everyone.
+    fn lose(&self, peer: u32, lost: Lost) {
+        self.hub.lose(self, peer, lost);
+    }
+
+    fn lost_from_io(&self, peer: u32, what: &str, err: &io::Error) -> Lost {
+        let addr = self.peers.get(peer as usize).and_then(|p| p.as_ref());
+        let addr = addr.map_or("an unknown address", |p| p.addr.as_str());
+        Lost::Gone(format!("{what} with {addr} failed: {err}"))
+    }
+
+    fn lost_eof(&self, peer: u32) -> Lost {
+        let addr = self.peers.get(peer as usize).and_then(|p| p.as_ref());
+        let addr = addr.map_or("an unknown address", |p| p.addr.as_str());
+        Lost::Gone(format!(
+            "connection to {addr} closed (the process ended or crashed)"
+        ))
+    }
+
+    /// Wakes every blocked call with `Aborted`, shuts every socket down; idempotent.
+    pub(crate) fn abort(&self) {
+        if !self.hub.abort() {
+            return;
+        }
+        let _ = (&self.abort_tx).write_all_nonblocking(b"!");
+        for peer in self.peers.iter().flatten() {
+            peer.shutdown();
+        }
+        self.hub.wake();
+    }
+
+    pub(crate) fn is_aborted(&self) -> bool {
+        self.hub.is_aborted()
+    }
+
+    /// Says goodbye on every link (best effort, never blocking), then shuts everything down.
+    pub(crate) fn close(&self) {
+        if !self.is_aborted() {
+            let close = FrameHeader::whole(FrameKind::Close, Tag::from_raw(0), 0, 0).encode();
+            for peer in self.peers.iter().flatten() {
+                if let Ok(_tx) = peer.tx.try_lock() {
+                    if let Some(link) = peer.links.first() {
+                        let _ = send_vectored(&link.stream, &[IoSlice::new(&close)]);
+                    }
+                }
+                for link in &peer.links {
+                    let _ = link.stream.shutdown(Shutdown::Write);
+                    // Closing a socket with unread bytes makes the kernel reset it, which
+                    // discards what this side has not transmitted yet; read them away first.
+                    let mut sink = [0u8; 4096];
+                    for _ in 0..256 {
+                        if !matches!(read_some(&link.stream, &mut sink), Ok(n) if n > 0) {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.abort();
+    }
+}

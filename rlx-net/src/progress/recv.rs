@@ -1,0 +1,151 @@
+//! The receive path over TCP: the engine's side of [`Links`], by which the receive loop of
+//! [`Hub::recv`] reads the sockets of a peer itself (non-blocking reads in a short spin, then
+//! `poll(2)`) once it holds their reader role.
+
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use rlx_transport::{CollectiveError, Tag};
+
+use crate::matching::{Outcome, PostId, Withdrawn};
+use crate::sync::{Ordering, lock};
+
+use super::Engine;
+use super::hub::{DriveEnd, Hub, Links};
+use super::link::{Land, PeerIo, RawDest};
+use super::service::{Own, Service};
+use super::socket::{POLL_FDS, WakeWrite, poll, pollfd};
+
+impl Engine {
+    /// Receives the next message from `from` under `tag`, landing it in `buf` when one is
+    /// given. `Ok(None)` at the deadline.
+    pub(crate) fn recv(
+        &self,
+        from: u32,
+        tag: Tag,
+        buf: Option<&mut [u8]>,
+        timeout: Duration,
+    ) -> Result<Option<Outcome>, CollectiveError> {
+        self.hub.recv(self, from, tag, buf, timeout)
+    }
+}
+
+impl Links for Engine {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn kick_watcher(&self) {
+        if !self.watch_kicked.swap(true, Ordering::SeqCst) {
+            let _ = (&self.watch_tx).write_all_nonblocking(b"k");
+        }
+    }
+
+    fn shut_down(&self, peer: u32) {
+        if let Some(Some(io)) = self.peers.get(peer as usize) {
+            io.shutdown();
+        }
+    }
+
+    /// Reads the links to `from` for the posted receive `id` until it finishes, stalls, hits
+    /// its deadline or the peer is lost.
+    fn drive(
+        &self,
+        _hub: &Hub,
+        from: u32,
+        id: PostId,
+        buf: &mut Option<&mut [u8]>,
+        deadline: Option<Instant>,
+    ) -> DriveEnd {
+        let Some(Some(io)) = self.peers.get(from as usize) else {
+            return DriveEnd::Stalled;
+        };
+        let mut own = Own {
+            id,
+            buf: buf.as_deref_mut(),
+        };
+        let mut spin_since: Option<Instant> = None;
+        loop {
+            let mut progress = false;
+            let mut all_parked = true;
+            for (k, link) in io.links.iter().enumerate() {
+                let mut rx = link.rx();
+                match self.service(from, k, link, &mut rx, Some(&mut own)) {
+                    Ok(Service::OwnDone) => return DriveEnd::OwnDone,
+                    Ok(Service::Progress) => {
+                        progress = true;
+                        all_parked = false;
+                    }
+                    Ok(Service::Idle) => all_parked = false,
+                    Ok(Service::Parked) => {}
+                    Err(lost) => return DriveEnd::Lost(lost),
+                }
+            }
+            if self.is_aborted() {
+                return DriveEnd::Aborted;
+            }
+            if progress {
+                spin_since = None;
+                continue;
+            }
+            if all_parked {
+                return DriveEnd::Stalled;
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return DriveEnd::Deadline(self.withdraw_while_reading(from, io, &mut own));
+            }
+            let since = *spin_since.get_or_insert(now);
+            if now.duration_since(since) < self.cfg.spin {
+                // Yield rather than burn the core: when the peer process shares this core (a
+                // loaded machine), a pure spin keeps it from sending what we wait for.
+                std::thread::yield_now();
+                continue;
+            }
+            let wait = deadline.map_or(Duration::from_secs(1), |d| d - now);
+            self.poll_links(io, from, wait.min(Duration::from_secs(1)));
+        }
+    }
+}
+
+impl Engine {
+    /// The deadline passed while this thread reads for its own receive: withdraw it, and if
+    /// its message was landing in the caller's buffer, point the links mid-stripe at the owned
+    /// copy the matching state made.
+    fn withdraw_while_reading(&self, from: u32, io: &PeerIo, own: &mut Own<'_>) -> Option<Outcome> {
+        let withdrawn = lock(&self.hub.state).withdraw(from, own.id, own.buf.as_deref());
+        match withdrawn {
+            Withdrawn::Finished(outcome) => Some(outcome),
+            Withdrawn::Gone => None,
+            Withdrawn::Moved { seq, base } => {
+                for link in &io.links {
+                    let mut rx = link.rx();
+                    if let Some(p) = rx.payload.as_mut() {
+                        if p.seq == seq && matches!(p.land, Land::Caller) {
+                            p.land = Land::Owned(RawDest(base));
+                        }
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// Blocks until a non-parked link to `from` is readable, abort, or `wait` passes.
+    fn poll_links(&self, io: &PeerIo, from: u32, wait: Duration) {
+        POLL_FDS.with(|fds| {
+            let mut fds = fds.borrow_mut();
+            fds.clear();
+            {
+                let st = lock(&self.hub.state);
+                for (k, link) in io.links.iter().enumerate() {
+                    if !st.peers[from as usize].links[k].parked {
+                        fds.push(pollfd(link.fd(), libc::POLLIN));
+                    }
+                }
+            }
+            fds.push(pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN));
+            poll(&mut fds, wait);
+        });
+    }
+}

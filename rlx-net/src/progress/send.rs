@@ -1,0 +1,301 @@
+//! The send path: writes a message's frames (striped over the links of a peer), and while a
+//! write blocks reads every free link so that ranks sending to each other cannot deadlock.
+
+use std::cell::RefCell;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use rlx_transport::{CollectiveError, Failure, Tag};
+
+use crate::error::Lost;
+use crate::frame::{FrameHeader, FrameKind, HEADER_LEN, Striping};
+use crate::matching::Holder;
+use crate::sync::lock;
+
+use super::Engine;
+use super::link::PeerIo;
+use super::service::Service;
+use super::socket::{POLL_FDS, poll, pollfd, write_frame};
+
+/// A sender reading other links while its write blocks re-checks who wants them this often.
+const SENDER_POLL: Duration = Duration::from_millis(1);
+/// How long a blocked sender waits for its socket alone before it reads other links too.
+const LIGHT_WAIT: Duration = Duration::from_millis(1);
+
+thread_local! {
+    /// The links a blocked sender holds while it reads them, reused across calls.
+    static HELD: RefCell<Vec<(u32, usize)>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Engine {
+    /// Sends one message (or notice) to `to`; returns once every byte is written to the
+    /// kernel.
+    pub(crate) fn send(
+        &self,
+        to: u32,
+        kind: FrameKind,
+        tag: Tag,
+        parts: &[&[u8]],
+    ) -> Result<(), CollectiveError> {
+        self.check_rank(to)?;
+        if self.is_aborted() {
+            return Err(CollectiveError::Aborted);
+        }
+        let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        if total > self.cfg.max_frame {
+            return Err(CollectiveError::invalid(format!(
+                "message of {total} bytes to rank {to} exceeds the frame cap of {} bytes (RLX_MAX_FRAME_BYTES)",
+                self.cfg.max_frame
+            )));
+        }
+        if to == self.rank {
+            return self.send_to_self(kind, tag, parts);
+        }
+        let io = self.peer_io(to)?;
+        if let Some(lost) = lock(&self.hub.state).peers[to as usize].lost.clone() {
+            return Err(lost.error(to));
+        }
+        let mut tx = lock(&io.tx);
+        let seq = tx.next_seq;
+        let stripes = match kind {
+            FrameKind::Data => Striping::new(total, io.links.len(), self.cfg.min_striped),
+            _ => Striping::new(total, 1, u64::MAX),
+        };
+        let mut headers = [[0u8; HEADER_LEN]; 64];
+        let mut sent = [0u64; 64];
+        let count = stripes.count().min(64);
+        for (i, header) in headers.iter_mut().enumerate().take(count) {
+            let (offset, len) = stripes.range(i);
+            *header = FrameHeader {
+                kind,
+                tag,
+                seq,
+                total,
+                offset,
+                len,
+            }
+            .encode();
+        }
+        let deadline = Instant::now().checked_add(self.cfg.op_timeout);
+        let mut started = false;
+        let mut light = true;
+        loop {
+            let mut progress = false;
+            let mut done = true;
+            for i in 0..count {
+                let (offset, len) = stripes.range(i);
+                let frame_len = HEADER_LEN as u64 + len;
+                if sent[i] == frame_len {
+                    continue;
+                }
+                done = false;
+                match write_frame(
+                    &io.links[i].stream,
+                    &headers[i],
+                    parts,
+                    offset,
+                    len,
+                    sent[i],
+                ) {
+                    Ok(n) => {
+                        sent[i] += n as u64;
+                        progress |= n > 0;
+                        started = true;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => {
+                        let lost = self.lost_from_io(to, "writing", &e);
+                        let err = lost.error(to);
+                        self.lose(to, lost);
+                        return Err(err);
+                    }
+                }
+            }
+            if done {
+                break;
+            }
+            if progress {
+                continue;
+            }
+            if self.is_aborted() {
+                return Err(CollectiveError::Aborted);
+            }
+            if let Some(lost) = lock(&self.hub.state).peers[to as usize].lost.clone() {
+                return Err(lost.error(to));
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                let after = self.cfg.op_timeout;
+                if started {
+                    // Half a frame is on the wire: the link cannot carry anything else.
+                    self.lose(
+                        to,
+                        Lost::Gone(format!(
+                            "a send to it timed out after {after:?} mid-message (link to {} unusable)",
+                            io.addr
+                        )),
+                    );
+                }
+                return Err(CollectiveError::Timeout {
+                    peer: Some(to),
+                    op: "send",
+                    after,
+                });
+            }
+            let pending: u64 = (0..count)
+                .filter(|&i| sent[i] < HEADER_LEN as u64 + stripes.range(i).1)
+                .fold(0, |mask, i| mask | 1 << i);
+            // Usually the peer is reading and the socket drains within microseconds: wait for
+            // that alone first. Only when it does not (the peer may be blocked sending to us,
+            // or in a ring of such senders) read every free link while waiting.
+            if light {
+                light = self.poll_writable(io, pending);
+                if light {
+                    continue;
+                }
+            }
+            self.wait_writable(io, pending, deadline.map(|d| d - now));
+        }
+        tx.next_seq += 1;
+        Ok(())
+    }
+
+    fn send_to_self(
+        &self,
+        kind: FrameKind,
+        tag: Tag,
+        parts: &[&[u8]],
+    ) -> Result<(), CollectiveError> {
+        let mut seq = lock(&self.self_seq);
+        let mut st = lock(&self.hub.state);
+        match kind {
+            FrameKind::Failure => {
+                let bytes = parts.concat();
+                let failure = Failure::decode(self.rank, &bytes)?;
+                st.deliver_local_failure(self.rank, *seq, tag, failure);
+            }
+            _ => st.deliver_local(self.rank, *seq, tag, parts.concat()),
+        }
+        *seq += 1;
+        drop(st);
+        self.hub.wake();
+        Ok(())
+    }
+
+    /// Waits up to [`LIGHT_WAIT`] for one of the `pending` links of `io` to become writable;
+    /// returns whether one did.
+    fn poll_writable(&self, io: &PeerIo, pending: u64) -> bool {
+        POLL_FDS.with(|fds| {
+            let mut fds = fds.borrow_mut();
+            fds.clear();
+            for (i, link) in io.links.iter().enumerate() {
+                if pending & (1 << i) != 0 {
+                    fds.push(pollfd(link.fd(), libc::POLLOUT));
+                }
+            }
+            let links = fds.len();
+            fds.push(pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN));
+            poll(&mut fds, LIGHT_WAIT);
+            fds[..links].iter().any(|fd| fd.revents != 0)
+        })
+    }
+
+    /// Waits until one of the `pending` links of `io` is writable, reading every free link of
+    /// every peer meanwhile so that senders facing each other both make progress.
+    fn wait_writable(&self, io: &PeerIo, pending: u64, wait: Option<Duration>) {
+        HELD.with(|held| {
+            let mut held = held.borrow_mut();
+            held.clear();
+            {
+                let mut st = lock(&self.hub.state);
+                for (rank, peer) in st.peers.iter_mut().enumerate() {
+                    if peer.lost.is_some() || self.peers.get(rank).is_none_or(|p| p.is_none()) {
+                        continue;
+                    }
+                    for (k, slot) in peer.links.iter_mut().enumerate() {
+                        if slot.holder == Holder::Free && !slot.wanted && !slot.parked {
+                            slot.holder = Holder::Sender;
+                            held.push((rank as u32, k));
+                        }
+                    }
+                }
+            }
+            let limit = if held.is_empty() {
+                Duration::from_millis(100)
+            } else {
+                SENDER_POLL
+            };
+            let wait = wait.map_or(limit, |w| w.min(limit));
+            POLL_FDS.with(|fds| {
+                let mut fds = fds.borrow_mut();
+                fds.clear();
+                for (i, link) in io.links.iter().enumerate() {
+                    if pending & (1 << i) != 0 {
+                        fds.push(pollfd(link.fd(), libc::POLLOUT));
+                    }
+                }
+                for &(rank, k) in held.iter() {
+                    if let Some(Some(p)) = self.peers.get(rank as usize) {
+                        fds.push(pollfd(p.links[k].fd(), libc::POLLIN));
+                    }
+                }
+                fds.push(pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN));
+                poll(&mut fds, wait);
+            });
+            self.drain_held(&held);
+        });
+    }
+
+    /// Services every held link until it is idle or parked, then releases them all.
+    pub(super) fn drain_held(&self, held: &[(u32, usize)]) {
+        let mut lost_peers: Vec<(u32, Lost)> = Vec::new();
+        for &(rank, k) in held {
+            if lost_peers.iter().any(|(r, _)| *r == rank) {
+                continue;
+            }
+            let Some(Some(peer)) = self.peers.get(rank as usize) else {
+                continue;
+            };
+            let link = &peer.links[k];
+            let mut rx = link.rx();
+            // A bounded number of rounds keeps a busy link from starving the others.
+            for _ in 0..64 {
+                match self.service(rank, k, link, &mut rx, None) {
+                    Ok(Service::Progress) => continue,
+                    Ok(_) => break,
+                    Err(lost) => {
+                        lost_peers.push((rank, lost));
+                        break;
+                    }
+                }
+            }
+        }
+        {
+            let mut st = lock(&self.hub.state);
+            let now = Instant::now();
+            for &(rank, k) in held {
+                let slot = &mut st.peers[rank as usize].links[k];
+                slot.holder = Holder::Free;
+                // A caller waited for this link: the watcher leaves it to the callers for a
+                // while. Otherwise a caller whose messages the watcher delivered (and so never
+                // held the link, never refreshing this) would find the watcher back on the
+                // link at once, and every later message would take the watcher's hand-off.
+                // Links nobody asked for stay the watcher's, so it keeps draining them.
+                if slot.wanted {
+                    slot.released_at = now;
+                }
+                slot.wanted = false;
+            }
+            for peer in st.peers.iter_mut() {
+                peer.drop_arriving_if_lost();
+            }
+        }
+        for (rank, lost) in lost_peers {
+            self.lose(rank, lost);
+        }
+        if !held.is_empty() {
+            self.hub.wake();
+        }
+    }
+}

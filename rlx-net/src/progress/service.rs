@@ -1,0 +1,284 @@
+//! The link service: the reader side that decodes frame headers on one link, lands payloads in
+//! the caller's buffer, an owned buffer or nowhere, and accounts the bytes in the matching
+//! state.
+
+use std::io;
+
+use rlx_transport::{CollectiveError, FAILURE_WIRE_LEN, Failure};
+
+use crate::error::{Lost, protocol_lost};
+use crate::frame::{FrameHeader, FrameKind, HEADER_LEN};
+use crate::matching::{Landing, PostId};
+use crate::sync::lock;
+
+use super::Engine;
+use super::link::{Land, Link, LinkRx, Payload, RawDest};
+use super::socket::read_some;
+
+/// Payloads at least this long (with nothing staged) are read straight into their destination.
+const DIRECT_READ_MIN: u64 = 16 * 1024;
+
+/// The receiving thread's own posted receive, while it reads.
+pub(super) struct Own<'a> {
+    pub(super) id: PostId,
+    pub(super) buf: Option<&'a mut [u8]>,
+}
+
+/// What one round of servicing a link achieved.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Service {
+    /// Bytes moved; call again.
+    Progress,
+    /// The socket has nothing more now.
+    Idle,
+    /// The next frame cannot be taken now (budget, or waiting for link 0).
+    Parked,
+    /// The caller's own receive finished.
+    OwnDone,
+}
+
+enum PayloadStep {
+    Moved(usize),
+    NeedFill,
+    Idle,
+}
+
+fn internal_lost(from: u32) -> Lost {
+    Lost::Protocol(format!(
+        "frame from rank {from} addressed a receive buffer that is not present"
+    ))
+}
+
+impl Engine {
+    /// Moves bytes on one link whose reader role this thread holds.
+    pub(super) fn service(
+        &self,
+        from: u32,
+        k: usize,
+        link: &Link,
+        rx: &mut LinkRx,
+        mut own: Option<&mut Own<'_>>,
+    ) -> Result<Service, Lost> {
+        let own_id = own.as_ref().map(|o| o.id);
+        loop {
+            if let Some(payload) = rx.payload.as_mut() {
+                let n = self.move_payload(
+                    from,
+                    link,
+                    payload,
+                    &mut rx.staging,
+                    &mut rx.start,
+                    rx.end,
+                    own.as_deref_mut(),
+                )?;
+                match n {
+                    PayloadStep::Moved(n) => {
+                        let seq = payload.seq;
+                        if payload.remaining == 0 {
+                            rx.payload = None;
+                        }
+                        if self.account(from, seq, n as u64, own_id)? {
+                            return Ok(Service::OwnDone);
+                        }
+                        return Ok(Service::Progress);
+                    }
+                    PayloadStep::NeedFill => match rx.fill(&link.stream) {
+                        Ok(0) => return Err(self.lost_eof(from)),
+                        Ok(_) => continue,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            return Ok(Service::Idle);
+                        }
+                        Err(e) => return Err(self.lost_from_io(from, "reading", &e)),
+                    },
+                    PayloadStep::Idle => return Ok(Service::Idle),
+                }
+            }
+            if rx.header.is_none() {
+                if rx.staged() < HEADER_LEN {
+                    match rx.fill(&link.stream) {
+                        Ok(0) => return Err(self.lost_eof(from)),
+                        Ok(_) => continue,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            return Ok(Service::Idle);
+                        }
+                        Err(e) => return Err(self.lost_from_io(from, "reading", &e)),
+                    }
+                }
+                let mut bytes = [0u8; HEADER_LEN];
+                bytes.copy_from_slice(&rx.staging[rx.start..rx.start + HEADER_LEN]);
+                let header =
+                    FrameHeader::decode(from, &bytes, self.cfg.max_frame).map_err(protocol_lost)?;
+                rx.start += HEADER_LEN;
+                rx.header = Some(header);
+            }
+            let Some(header) = rx.header else {
+                continue;
+            };
+            match header.kind {
+                FrameKind::Close => {
+                    let addr = self.peers.get(from as usize).and_then(|p| p.as_ref());
+                    let addr = addr.map_or("an unknown address", |p| p.addr.as_str());
+                    return Err(Lost::Gone(format!(
+                        "it closed its transport (connection to {addr})"
+                    )));
+                }
+                FrameKind::Failure => {
+                    if rx.staged() < FAILURE_WIRE_LEN {
+                        match rx.fill(&link.stream) {
+                            Ok(0) => return Err(self.lost_eof(from)),
+                            Ok(_) => continue,
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                return Ok(Service::Idle);
+                            }
+                            Err(e) => return Err(self.lost_from_io(from, "reading", &e)),
+                        }
+                    }
+                    if k != 0 {
+                        return Err(protocol_lost(CollectiveError::protocol(
+                            Some(from),
+                            format!("failure notice on link {k} (only link 0 carries them)"),
+                        )));
+                    }
+                    let failure =
+                        Failure::decode(from, &rx.staging[rx.start..rx.start + FAILURE_WIRE_LEN])
+                            .map_err(protocol_lost)?;
+                    let mut st = lock(&self.hub.state);
+                    let taken = st
+                        .on_failure(from, header.seq, header.tag, failure)
+                        .map_err(protocol_lost)?;
+                    if !taken {
+                        st.peers[from as usize].links[k].parked = true;
+                        return Ok(Service::Parked);
+                    }
+                    let done = own_id.is_some_and(|id| st.is_done(from, id));
+                    drop(st);
+                    rx.start += FAILURE_WIRE_LEN;
+                    rx.header = None;
+                    self.hub.wake();
+                    if done {
+                        return Ok(Service::OwnDone);
+                    }
+                    return Ok(Service::Progress);
+                }
+                FrameKind::Data => {
+                    let mut st = lock(&self.hub.state);
+                    let landing = if header.offset == 0 {
+                        if k != 0 {
+                            return Err(protocol_lost(CollectiveError::protocol(
+                                Some(from),
+                                format!("message start on link {k} (only link 0 carries them)"),
+                            )));
+                        }
+                        st.on_first_frame(from, &header, own_id)
+                    } else {
+                        st.on_stripe(from, k, &header, own_id)
+                    }
+                    .map_err(protocol_lost)?;
+                    let land = match landing {
+                        Landing::Park => {
+                            st.peers[from as usize].links[k].parked = true;
+                            return Ok(Service::Parked);
+                        }
+                        Landing::Caller => Land::Caller,
+                        Landing::Owned(ptr) => Land::Owned(RawDest(ptr)),
+                        Landing::Discard => Land::Discard,
+                    };
+                    st.peers[from as usize].links[k].parked = false;
+                    rx.header = None;
+                    if header.len == 0 {
+                        let done = own_id.is_some_and(|id| st.is_done(from, id));
+                        drop(st);
+                        self.hub.wake();
+                        if done {
+                            return Ok(Service::OwnDone);
+                        }
+                        return Ok(Service::Progress);
+                    }
+                    drop(st);
+                    rx.payload = Some(Payload {
+                        seq: header.seq,
+                        land,
+                        at: header.offset,
+                        remaining: header.len,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Moves the next piece of a payload: from the staging buffer, or straight from the socket
+    /// when the piece is large and nothing is staged.
+    #[allow(clippy::too_many_arguments, reason = "the split borrows of one LinkRx")]
+    fn move_payload(
+        &self,
+        from: u32,
+        link: &Link,
+        payload: &mut Payload,
+        staging: &mut [u8],
+        start: &mut usize,
+        end: usize,
+        own: Option<&mut Own<'_>>,
+    ) -> Result<PayloadStep, Lost> {
+        let staged = end - *start;
+        let want = payload.remaining.min(usize::MAX as u64) as usize;
+        let at = payload.at as usize;
+        let n = if staged > 0 {
+            let n = staged.min(want);
+            let src = &staging[*start..*start + n];
+            match payload.land {
+                Land::Caller => match own.and_then(|o| o.buf.as_deref_mut()) {
+                    Some(buf) => buf[at..at + n].copy_from_slice(src),
+                    None => return Err(internal_lost(from)),
+                },
+                Land::Owned(dest) => {
+                    // SAFETY: see `RawDest`: `at + n` lies inside the message (checked when
+                    // the frame header was decoded and matched) and this link alone writes
+                    // this stripe's range while the message is arriving.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(src.as_ptr(), dest.0.add(at), n);
+                    }
+                }
+                Land::Discard => {}
+            }
+            *start += n;
+            n
+        } else if payload.remaining >= DIRECT_READ_MIN && !matches!(payload.land, Land::Discard) {
+            let result = match payload.land {
+                Land::Caller => match own.and_then(|o| o.buf.as_deref_mut()) {
+                    Some(buf) => read_some(&link.stream, &mut buf[at..at + want]),
+                    None => return Err(internal_lost(from)),
+                },
+                Land::Owned(dest) => {
+                    // SAFETY: as above; the slice covers exactly the unwritten rest of this
+                    // link's stripe, which nothing else reads or writes meanwhile.
+                    let slice = unsafe { std::slice::from_raw_parts_mut(dest.0.add(at), want) };
+                    read_some(&link.stream, slice)
+                }
+                Land::Discard => Ok(0),
+            };
+            match result {
+                Ok(0) => return Err(self.lost_eof(from)),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(PayloadStep::Idle),
+                Err(e) => return Err(self.lost_from_io(from, "reading", &e)),
+            }
+        } else {
+            return Ok(PayloadStep::NeedFill);
+        };
+        payload.at += n as u64;
+        payload.remaining -= n as u64;
+        Ok(PayloadStep::Moved(n))
+    }
+
+    /// Records `n` bytes of message `seq`; returns whether the caller's own receive is done.
+    fn account(&self, from: u32, seq: u64, n: u64, own: Option<PostId>) -> Result<bool, Lost> {
+        let mut st = lock(&self.hub.state);
+        let completed = st.on_bytes(from, seq, n).map_err(protocol_lost)?;
+        let done = own.is_some_and(|id| st.is_done(from, id));
+        drop(st);
+        if completed && !done {
+            self.hub.wake();
+        }
+        Ok(done)
+    }
+}

@@ -1,0 +1,92 @@
+//! The background watcher: polls links no caller has touched for a little while, drains them
+//! into the unexpected budget and notices a lost peer even when nobody waits for it.
+
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use crate::matching::Holder;
+use crate::sync::{Ordering, lock};
+
+use super::Engine;
+use super::socket::{poll, pollfd};
+
+/// The watcher leaves a link alone until no caller has released it for this long, so that it
+/// never sits between back-to-back operations.
+const WATCH_IDLE: Duration = Duration::from_millis(2);
+/// The watcher's polling period (it also picks up newly idle links at this pace).
+const WATCH_PERIOD: Duration = Duration::from_millis(20);
+
+impl Engine {
+    /// The background watcher's loop; returns after [`Engine::abort`].
+    pub(crate) fn watch(&self) {
+        let mut held: Vec<(u32, usize)> = Vec::new();
+        let mut fds: Vec<libc::pollfd> = Vec::new();
+        while !self.is_aborted() {
+            held.clear();
+            {
+                let mut st = lock(&self.hub.state);
+                let now = Instant::now();
+                for (rank, peer) in st.peers.iter_mut().enumerate() {
+                    if peer.lost.is_some() || self.peers.get(rank).is_none_or(|p| p.is_none()) {
+                        continue;
+                    }
+                    for (k, slot) in peer.links.iter_mut().enumerate() {
+                        if slot.holder == Holder::Free
+                            && !slot.wanted
+                            && !slot.parked
+                            && now.duration_since(slot.released_at) >= WATCH_IDLE
+                        {
+                            slot.holder = Holder::Background;
+                            held.push((rank as u32, k));
+                        }
+                    }
+                }
+            }
+            fds.clear();
+            for &(rank, k) in &held {
+                if let Some(Some(p)) = self.peers.get(rank as usize) {
+                    fds.push(pollfd(p.links[k].fd(), libc::POLLIN));
+                }
+            }
+            fds.push(pollfd(self.watch_rx.as_raw_fd(), libc::POLLIN));
+            fds.push(pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN));
+            poll(&mut fds, WATCH_PERIOD);
+            if fds[held.len()].revents != 0 {
+                let mut sink = [0u8; 64];
+                while matches!((&self.watch_rx).read(&mut sink), Ok(n) if n > 0) {}
+                self.watch_kicked.store(false, Ordering::SeqCst);
+            }
+            let readable: Vec<(u32, usize)> = held
+                .iter()
+                .zip(fds.iter())
+                .filter(|(_, fd)| fd.revents != 0)
+                .map(|(h, _)| *h)
+                .collect();
+            // Links that were not readable are released without being touched.
+            let idle: Vec<(u32, usize)> = held
+                .iter()
+                .filter(|h| !readable.contains(h))
+                .copied()
+                .collect();
+            {
+                let mut st = lock(&self.hub.state);
+                let now = Instant::now();
+                for &(rank, k) in &idle {
+                    let slot = &mut st.peers[rank as usize].links[k];
+                    slot.holder = Holder::Free;
+                    // A caller kicked the watcher for this link: it gets its turn before the
+                    // watcher's next round could take the link back.
+                    if slot.wanted {
+                        slot.released_at = now;
+                    }
+                    slot.wanted = false;
+                }
+            }
+            if !idle.is_empty() {
+                self.hub.wake();
+            }
+            self.drain_held(&readable);
+        }
+    }
+}
