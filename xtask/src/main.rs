@@ -31,6 +31,9 @@ enum Command {
     Ci(ci::CiArgs),
     /// Loom model checks under `--cfg rlx_loom`.
     Loom(loom::LoomArgs),
+    /// The macOS type-check of `ci` alone (clippy and docs for aarch64- and x86_64-apple-darwin
+    /// with Debian's Rust and its std source).
+    MacosCheck,
     /// A local multi-rank cluster running every collective on every dtype and reduction over
     /// awkward sizes, checked against a serial reference.
     TestCluster(cluster::ClusterArgs),
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
         }
         Command::Ci(args) => ci::run(&args),
         Command::Loom(args) => loom::run(&args),
+        Command::MacosCheck => macos::Toolchain::find().and_then(|t| macos::check(&t)),
         Command::TestCluster(args) => cluster::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Rank(args) => cluster::worker::run(&args),
