@@ -13,6 +13,10 @@
 //! When the budget is used up the reader stops taking new frames from that peer (its header
 //! stays parked), so TCP flow control pushes back on the sender. One message is always admitted
 //! when nothing is buffered, so a message larger than the budget can still arrive.
+//!
+//! The file is longer than most because it is one state machine: posting, arriving, landing,
+//! withdrawing and losing all move the same per-peer queues and budgets, and every transition
+//! has to keep the same invariants, which read best side by side.
 
 use std::collections::VecDeque;
 use std::time::Instant;

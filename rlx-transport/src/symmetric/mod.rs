@@ -57,7 +57,9 @@
 //! # Ok::<(), rlx_transport::CollectiveError>(())
 //! ```
 
+mod agreement;
 mod alloc;
+mod handle;
 pub mod heap;
 mod over_transport;
 pub mod queue;
@@ -69,10 +71,9 @@ use std::time::Duration;
 use crate::{CollectiveError, Result, Transport};
 
 pub use alloc::REGION_ALIGN;
+pub use handle::{GetHandle, PutHandle};
 pub use heap::{Cmp, HeapFault, SymmetricHeap};
-pub use over_transport::{
-    DEFAULT_MAX_CHUNK, GetHandle, HEAP_AGREEMENT_TAG, HEAP_SERVICE_TAG, PutHandle, Symmetric,
-};
+pub use over_transport::{DEFAULT_MAX_CHUNK, HEAP_AGREEMENT_TAG, HEAP_SERVICE_TAG, Symmetric};
 pub use wire::{Signal, SignalOp};
 
 /// The dyn-compatible view of [`SymmetricTransport`] that [`Transport::symmetric`] returns.
