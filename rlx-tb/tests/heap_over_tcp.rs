@@ -134,11 +134,9 @@ fn run_rank(scenario: &Scenario) -> Result<()> {
     (scenario.body)(&symmetric)
 }
 
+/// A loopback port below the ephemeral range (see `rlx_transport::ports`).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    rlx_transport::ports::free_loopback_ports(1).expect("a free loopback port")[0]
 }
 
 /// Starts the ranks of `scenario` and waits for them; kills them all at the deadline.

@@ -377,10 +377,10 @@ fn plain_tcp_over_a_link_local_store() -> std::result::Result<(), String> {
     }
 }
 
+/// A loopback port below the ephemeral range (see `rlx_transport::ports`).
 fn free_port() -> std::result::Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
+    rlx_transport::ports::free_loopback_ports(1)
+        .map(|ports| ports[0])
         .map_err(|e| format!("no free loopback port: {e}"))
 }
 

@@ -9,7 +9,6 @@
 )]
 
 use std::io::Read;
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -50,10 +49,11 @@ pub(crate) fn run(tests: &[Test], worker: fn(&str) -> Result<(), String>) -> ! {
     libtest_mimic::run(&args, trials).exit()
 }
 
-/// A TCP port that was free a moment ago.
+/// A loopback TCP port that was free a moment ago, below the ephemeral range (so that no
+/// outgoing connection of a rank, or of anything else on the host, takes it before the rank
+/// listens on it), and never the same twice in one process.
 pub(crate) fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    l.local_addr().expect("local address").port()
+    rlx_transport::ports::free_loopback_ports(1).expect("a free loopback port")[0]
 }
 
 /// Starts this test binary as a worker with `role` and the given environment.
