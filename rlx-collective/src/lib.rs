@@ -77,6 +77,7 @@ mod federated;
 mod gather;
 mod group;
 mod handle;
+mod health;
 mod init;
 mod issue_order;
 mod kernels;

@@ -8,7 +8,8 @@ use std::time::Duration;
 use super::{ProcessGroup, f32_bytes, f32_bytes_mut, f32s_from_le, gathered_len};
 use crate::federated;
 use crate::handle::{AllReduceHandle, CollectiveHandle};
-use crate::op::{FailureScope, OpId};
+use crate::health::FailureScope;
+use crate::op::OpId;
 use crate::{CollectiveError, DType, ReduceKind, Result};
 
 impl ProcessGroup {

@@ -7,7 +7,8 @@ use std::sync::atomic::Ordering;
 
 use super::{ProcessGroup, WORLD_GROUP_ID};
 use crate::handle::CollectiveHandle;
-use crate::op::{FailureScope, OpCtx, OpId};
+use crate::health::FailureScope;
+use crate::op::{OpCtx, OpId};
 use crate::{CollectiveError, Result};
 
 impl ProcessGroup {

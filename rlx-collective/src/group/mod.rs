@@ -21,8 +21,8 @@ use parking_lot::Mutex;
 
 use crate::all_reduce::one_sided::{self, OneSided};
 use crate::federated::StaleRounds;
+use crate::health::Health;
 use crate::issue_order::IssueOrder;
-use crate::op::Health;
 use crate::select::{Algorithm, CollectiveOp, Settings};
 use crate::split::{self, GroupIds, Record};
 use crate::{CollectiveError, DType, Result, Transport};
@@ -94,7 +94,7 @@ struct Shared {
     one_sided: OneSided,
     /// Present when native collectives may run on this group (see [`IssueOrder`]).
     issue_order: Option<IssueOrder>,
-    /// Whether a fatal failure has made the group unusable (see the `op` module).
+    /// Whether a fatal failure has made the group unusable (see the `health` module).
     health: Health,
 }
 

@@ -2,7 +2,7 @@
 //! the group's sequence, but watch for the group's failure like every collective does.
 
 use super::{ProcessGroup, f32_bytes, f32s_from_le};
-use crate::op::{FailureScope, Watch};
+use crate::health::{FailureScope, NOTICE_SLICE, Watch};
 use crate::{CollectiveError, DType, Result, Tag};
 
 impl ProcessGroup {
@@ -53,7 +53,7 @@ impl ProcessGroup {
         let after = self.shared.transport.op_timeout();
         let watch = self.watch();
         let bytes = watch
-            .wait(after, crate::op::NOTICE_SLICE, |deadline| {
+            .wait(after, NOTICE_SLICE, |deadline| {
                 self.shared.transport.recv_message(peer, tag, deadline)
             })
             .and_then(|got| {
