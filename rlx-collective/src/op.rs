@@ -13,8 +13,9 @@
 
 use std::time::Duration;
 
+use crate::all_reduce::one_sided::region::OneSided;
 use crate::health::{FailureScope, GROUP_NOTICE_PHASE, Health, NOTICE_SLICE, Watch};
-use crate::select::Settings;
+use crate::select::{Algorithm, CollectiveOp, Settings};
 use crate::{CollectiveError, Failure, NativeCollectives, Result, Tag, Transport};
 
 /// How much longer a slice lasts per byte of the awaited message: one nanosecond, the time a
@@ -22,6 +23,35 @@ use crate::{CollectiveError, Failure, NativeCollectives, Result, Tag, Transport}
 /// landing in the caller's buffer must move the landed bytes into a copy of its own; slices
 /// as long as a slow link needs for the whole message make that rare for large messages.
 const SLICE_PER_BYTE: Duration = Duration::from_nanos(1);
+
+/// What an issued operation is: the executor tells by it which group state the operation
+/// uses, and messages and thread names name the operation by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OpKind {
+    /// One of the collectives that [`CollectiveOp`] names.
+    Collective(CollectiveOp),
+    /// One round of federated averaging.
+    FederatedAverage,
+    /// The collective allocation of the one-sided all-reduce's scratch region.
+    EnableOneSided,
+}
+
+impl OpKind {
+    /// The snake-case name used in errors and thread names (`"all_reduce"`...).
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            OpKind::Collective(op) => op.name(),
+            OpKind::FederatedAverage => "federated_average",
+            OpKind::EnableOneSided => "enable_one_sided",
+        }
+    }
+}
+
+impl From<CollectiveOp> for OpKind {
+    fn from(op: CollectiveOp) -> OpKind {
+        OpKind::Collective(op)
+    }
+}
 
 /// The context of one collective operation on one rank.
 pub(crate) struct OpCtx<'a> {
@@ -35,30 +65,51 @@ pub(crate) struct OpCtx<'a> {
     seq: u32,
     tag: Tag,
     timeout: Duration,
-    /// The operation's name, for errors (`"all_reduce"`...).
-    pub(crate) name: &'static str,
+    kind: OpKind,
     /// The group's settings as of the issue point.
     pub(crate) settings: Settings,
     watch: Watch<'a>,
+    one_sided: &'a OneSided,
 }
 
-/// What [`OpCtx::new`] needs besides the transport, the members and the group's health.
+/// What [`OpCtx::new`] needs besides the group's transport, members, health and one-sided
+/// state.
 #[derive(Clone, Copy)]
 pub(crate) struct OpId {
     pub(crate) group: u16,
     pub(crate) seq: u32,
     pub(crate) rank: u32,
     pub(crate) is_world: bool,
-    pub(crate) name: &'static str,
+    pub(crate) kind: OpKind,
     pub(crate) settings: Settings,
     pub(crate) scope: FailureScope,
 }
 
+impl OpId {
+    /// Whether the operation uses the one-sided scratch region, and so must take its place in
+    /// the group's one-sided queue when it is issued: an all-reduce forced to
+    /// [`Algorithm::OneSidedRing`] or an explicit enable, on the world group (a sub-group
+    /// cannot allocate heap memory, which is collective over the world).
+    pub(crate) fn uses_one_sided_region(&self) -> bool {
+        let uses_region = match self.kind {
+            OpKind::EnableOneSided => true,
+            OpKind::Collective(CollectiveOp::AllReduce) => {
+                self.settings.all_reduce == Algorithm::OneSidedRing
+            }
+            _ => false,
+        };
+        self.is_world && uses_region
+    }
+}
+
 impl<'a> OpCtx<'a> {
+    /// The context of operation `id` of the group with `members`, `health` and `one_sided`
+    /// state, on `transport`.
     pub(crate) fn new(
         transport: &'a dyn Transport,
         members: &'a [u32],
         health: &'a Health,
+        one_sided: &'a OneSided,
         id: OpId,
     ) -> Self {
         OpCtx {
@@ -70,9 +121,10 @@ impl<'a> OpCtx<'a> {
             seq: id.seq,
             tag: Tag::op(id.group, id.seq, 0),
             timeout: transport.op_timeout(),
-            name: id.name,
+            kind: id.kind,
             settings: id.settings,
             watch: Watch::new(transport, members, id.rank, id.group, health, id.scope),
+            one_sided,
         }
     }
 
@@ -98,6 +150,17 @@ impl<'a> OpCtx<'a> {
     /// The operation's tag (phase 0 unless made with [`OpCtx::phase`]).
     pub(crate) fn tag(&self) -> Tag {
         self.tag
+    }
+
+    /// The operation's name, for errors (`"all_reduce"`...).
+    pub(crate) fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    /// The group's one-sided state: the queue of its operations that use the scratch region
+    /// of the one-sided all-reduce, and that region once allocated.
+    pub(crate) fn one_sided(&self) -> &'a OneSided {
+        self.one_sided
     }
 
     /// The transport's operation timeout.
@@ -189,7 +252,7 @@ impl<'a> OpCtx<'a> {
     pub(crate) fn timed_out(&self, peer: u32, after: Duration) -> CollectiveError {
         CollectiveError::Timeout {
             peer: Some(peer),
-            op: self.name,
+            op: self.name(),
             after,
         }
     }

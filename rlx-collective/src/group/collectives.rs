@@ -9,13 +9,14 @@ use super::{ProcessGroup, f32_bytes, f32_bytes_mut, f32s_from_le, gathered_len};
 use crate::federated;
 use crate::handle::{AllReduceHandle, CollectiveHandle};
 use crate::health::FailureScope;
-use crate::op::OpId;
+use crate::op::{OpId, OpKind};
+use crate::select::CollectiveOp;
 use crate::{CollectiveError, DType, ReduceKind, Result};
 
 impl ProcessGroup {
     /// Returns once every member has entered the barrier (dissemination algorithm).
     pub fn barrier(&self) -> Result<()> {
-        self.run("barrier", crate::barrier::dissemination::run)
+        self.run(CollectiveOp::Barrier, crate::barrier::dissemination::run)
     }
 
     /// Reduces `data` over the group in place; every rank ends with bit-identical values.
@@ -51,9 +52,8 @@ impl ProcessGroup {
 
     /// [`ProcessGroup::all_reduce`] on raw little-endian `dtype` elements.
     pub fn all_reduce_typed(&self, data: &mut [u8], dtype: DType, op: ReduceKind) -> Result<()> {
-        let one_sided = &self.shared.one_sided;
-        self.run("all_reduce", |ctx| {
-            crate::all_reduce::run(ctx, one_sided, data, dtype, op)
+        self.run(CollectiveOp::AllReduce, |ctx| {
+            crate::all_reduce::run(ctx, data, dtype, op)
         })
     }
 
@@ -65,10 +65,8 @@ impl ProcessGroup {
 
     /// [`ProcessGroup::spawn_all_reduce`] on a plain (non-`Arc`) group handle.
     pub fn spawn_all_reduce_f32(&self, mut data: Vec<f32>, op: ReduceKind) -> AllReduceHandle {
-        let group = self.clone();
-        self.spawn("all_reduce", move |ctx| {
-            let one_sided = &group.shared.one_sided;
-            crate::all_reduce::run(ctx, one_sided, f32_bytes_mut(&mut data), DType::F32, op)?;
+        self.spawn(CollectiveOp::AllReduce, move |ctx| {
+            crate::all_reduce::run(ctx, f32_bytes_mut(&mut data), DType::F32, op)?;
             Ok(data)
         })
     }
@@ -80,9 +78,8 @@ impl ProcessGroup {
         dtype: DType,
         op: ReduceKind,
     ) -> CollectiveHandle<Vec<u8>> {
-        let group = self.clone();
-        self.spawn("all_reduce", move |ctx| {
-            crate::all_reduce::run(ctx, &group.shared.one_sided, &mut data, dtype, op)?;
+        self.spawn(CollectiveOp::AllReduce, move |ctx| {
+            crate::all_reduce::run(ctx, &mut data, dtype, op)?;
             Ok(data)
         })
     }
@@ -101,7 +98,7 @@ impl ProcessGroup {
         dtype: DType,
         op: ReduceKind,
     ) -> Result<()> {
-        self.run("reduce", |ctx| {
+        self.run(CollectiveOp::Reduce, |ctx| {
             crate::reduce::run(ctx, root, data, dtype, op)
         })
     }
@@ -115,7 +112,7 @@ impl ProcessGroup {
         dtype: DType,
         op: ReduceKind,
     ) -> CollectiveHandle<Vec<u8>> {
-        self.spawn("reduce", move |ctx| {
+        self.spawn(CollectiveOp::Reduce, move |ctx| {
             crate::reduce::run(ctx, root, &mut data, dtype, op)?;
             Ok(data)
         })
@@ -136,7 +133,7 @@ impl ProcessGroup {
         dtype: DType,
         op: ReduceKind,
     ) -> Result<Vec<u8>> {
-        self.run("reduce_scatter", |ctx| {
+        self.run(CollectiveOp::ReduceScatter, |ctx| {
             crate::reduce_scatter::run(ctx, data, dtype, op)
         })
     }
@@ -148,7 +145,7 @@ impl ProcessGroup {
         dtype: DType,
         op: ReduceKind,
     ) -> CollectiveHandle<Vec<u8>> {
-        self.spawn("reduce_scatter", move |ctx| {
+        self.spawn(CollectiveOp::ReduceScatter, move |ctx| {
             crate::reduce_scatter::run(ctx, &data, dtype, op)
         })
     }
@@ -178,7 +175,7 @@ impl ProcessGroup {
 
     /// [`ProcessGroup::all_gather_into`] on raw little-endian `dtype` elements.
     pub fn all_gather_typed_into(&self, local: &[u8], out: &mut [u8], dtype: DType) -> Result<()> {
-        self.run("all_gather", |ctx| {
+        self.run(CollectiveOp::AllGather, |ctx| {
             let expected = gathered_len(local.len(), ctx.size())?;
             if out.len() != expected {
                 return Err(CollectiveError::invalid(format!(
@@ -198,7 +195,7 @@ impl ProcessGroup {
         local: Vec<u8>,
         dtype: DType,
     ) -> CollectiveHandle<Vec<u8>> {
-        self.spawn("all_gather", move |ctx| {
+        self.spawn(CollectiveOp::AllGather, move |ctx| {
             let mut out = vec![0u8; gathered_len(local.len(), ctx.size())?];
             crate::all_gather::run(ctx, &local, &mut out, dtype)?;
             Ok(out)
@@ -214,7 +211,9 @@ impl ProcessGroup {
 
     /// [`ProcessGroup::gather`] on raw little-endian `dtype` elements.
     pub fn gather_typed(&self, root: u32, local: &[u8], dtype: DType) -> Result<Option<Vec<u8>>> {
-        self.run("gather", |ctx| crate::gather::run(ctx, root, local, dtype))
+        self.run(CollectiveOp::Gather, |ctx| {
+            crate::gather::run(ctx, root, local, dtype)
+        })
     }
 
     /// Non-blocking [`ProcessGroup::gather_typed`].
@@ -224,7 +223,7 @@ impl ProcessGroup {
         local: Vec<u8>,
         dtype: DType,
     ) -> CollectiveHandle<Option<Vec<u8>>> {
-        self.spawn("gather", move |ctx| {
+        self.spawn(CollectiveOp::Gather, move |ctx| {
             crate::gather::run(ctx, root, &local, dtype)
         })
     }
@@ -243,7 +242,7 @@ impl ProcessGroup {
         recv: &mut [u8],
         dtype: DType,
     ) -> Result<()> {
-        self.run("scatter", |ctx| {
+        self.run(CollectiveOp::Scatter, |ctx| {
             crate::scatter::run(ctx, root, send, recv, dtype)
         })
     }
@@ -257,7 +256,7 @@ impl ProcessGroup {
         recv_len: usize,
         dtype: DType,
     ) -> CollectiveHandle<Vec<u8>> {
-        self.spawn("scatter", move |ctx| {
+        self.spawn(CollectiveOp::Scatter, move |ctx| {
             let mut recv = vec![0u8; recv_len];
             crate::scatter::run(ctx, root, &send, &mut recv, dtype)?;
             Ok(recv)
@@ -271,7 +270,7 @@ impl ProcessGroup {
 
     /// [`ProcessGroup::broadcast`] on raw little-endian `dtype` elements.
     pub fn broadcast_typed(&self, root: u32, data: &mut [u8], dtype: DType) -> Result<()> {
-        self.run("broadcast", |ctx| {
+        self.run(CollectiveOp::Broadcast, |ctx| {
             crate::broadcast::run(ctx, root, data, dtype)
         })
     }
@@ -283,7 +282,7 @@ impl ProcessGroup {
         mut data: Vec<u8>,
         dtype: DType,
     ) -> CollectiveHandle<Vec<u8>> {
-        self.spawn("broadcast", move |ctx| {
+        self.spawn(CollectiveOp::Broadcast, move |ctx| {
             crate::broadcast::run(ctx, root, &mut data, dtype)?;
             Ok(data)
         })
@@ -298,19 +297,21 @@ impl ProcessGroup {
 
     /// [`ProcessGroup::all_to_all`] on raw little-endian `dtype` elements.
     pub fn all_to_all_typed(&self, send: &[u8], dtype: DType) -> Result<Vec<u8>> {
-        self.run("all_to_all", |ctx| crate::all_to_all::run(ctx, send, dtype))
+        self.run(CollectiveOp::AllToAll, |ctx| {
+            crate::all_to_all::run(ctx, send, dtype)
+        })
     }
 
     /// Non-blocking [`ProcessGroup::all_to_all_typed`].
     pub fn spawn_all_to_all_typed(&self, send: Vec<u8>, dtype: DType) -> CollectiveHandle<Vec<u8>> {
-        self.spawn("all_to_all", move |ctx| {
+        self.spawn(CollectiveOp::AllToAll, move |ctx| {
             crate::all_to_all::run(ctx, &send, dtype)
         })
     }
 
     /// Non-blocking [`ProcessGroup::barrier`].
     pub fn spawn_barrier(&self) -> CollectiveHandle<()> {
-        self.spawn("barrier", crate::barrier::dissemination::run)
+        self.spawn(CollectiveOp::Barrier, crate::barrier::dissemination::run)
     }
 
     /// One round of federated averaging. Rank 0 waits up to `deadline` for the others'
@@ -328,7 +329,7 @@ impl ProcessGroup {
     pub fn federated_average(&self, data: &mut [f32], deadline: Duration) -> Result<usize> {
         let id = OpId {
             scope: FailureScope::Operation,
-            ..self.issue("federated_average")
+            ..self.issue(OpKind::FederatedAverage)
         };
         let stale = &self.shared.federated;
         self.execute(id, |ctx| federated::run(ctx, stale, data, deadline))

@@ -8,23 +8,25 @@ use std::sync::atomic::Ordering;
 use super::{ProcessGroup, WORLD_GROUP_ID};
 use crate::handle::CollectiveHandle;
 use crate::health::FailureScope;
-use crate::op::{OpCtx, OpId};
+use crate::op::{OpCtx, OpId, OpKind};
 use crate::{CollectiveError, Result};
 
 impl ProcessGroup {
     /// Issues the next operation: takes its sequence number and the settings it runs with.
-    pub(super) fn issue(&self, name: &'static str) -> OpId {
+    pub(super) fn issue(&self, kind: OpKind) -> OpId {
         let shared = &self.shared;
         let id = OpId {
             group: shared.group_id,
             seq: shared.seq.fetch_add(1, Ordering::Relaxed),
             rank: shared.rank,
             is_world: shared.group_id == WORLD_GROUP_ID,
-            name,
+            kind,
             settings: *shared.settings.lock(),
             scope: FailureScope::Group,
         };
-        shared.one_sided.on_issue(&id);
+        if id.uses_one_sided_region() {
+            shared.one_sided.register(id.seq);
+        }
         if let Some(order) = &shared.issue_order {
             order.register(id.seq);
         }
@@ -45,16 +47,11 @@ impl ProcessGroup {
         body: impl FnOnce(&OpCtx<'_>) -> Result<T>,
     ) -> Result<T> {
         let shared = &self.shared;
-        let ctx = OpCtx::new(
-            shared.transport.as_ref(),
-            &shared.members,
-            &shared.health,
-            id,
-        );
+        let ctx = self.context(id);
         // Until the body runs, nothing of it releases the operation's place in the one-sided
         // queue, so an operation that ends early releases it here.
         let _turn = match &shared.issue_order {
-            Some(order) => match order.wait_turn(id.seq, id.name, ctx.timeout()) {
+            Some(order) => match order.wait_turn(id.seq, id.kind.name(), ctx.timeout()) {
                 Ok(turn) => Some(turn),
                 Err(error) => {
                     shared.one_sided.release(id.seq);
@@ -77,21 +74,24 @@ impl ProcessGroup {
         }
     }
 
+    /// Issues operation `kind` and runs it on this thread.
     pub(super) fn run<T>(
         &self,
-        name: &'static str,
+        kind: impl Into<OpKind>,
         body: impl FnOnce(&OpCtx<'_>) -> Result<T>,
     ) -> Result<T> {
-        let id = self.issue(name);
+        let id = self.issue(kind.into());
         self.execute(id, body)
     }
 
+    /// Issues operation `kind` on this thread and runs it on a thread of its own.
     pub(super) fn spawn<T: Send + 'static>(
         &self,
-        name: &'static str,
+        kind: impl Into<OpKind>,
         body: impl FnOnce(&OpCtx<'_>) -> Result<T> + Send + 'static,
     ) -> CollectiveHandle<T> {
-        let id = self.issue(name);
+        let id = self.issue(kind.into());
+        let name = id.kind.name();
         let group = self.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("rlx-{name}"))
@@ -105,14 +105,20 @@ impl ProcessGroup {
             }
             // An operation that never runs leaves its peers' matching broken for good: that
             // is a fatal failure of the group, announced as one.
-            OpCtx::new(
-                shared.transport.as_ref(),
-                &shared.members,
-                &shared.health,
-                id,
-            )
-            .notify_failure(&CollectiveError::Aborted);
+            self.context(id).notify_failure(&CollectiveError::Aborted);
         }
         CollectiveHandle::new(spawned, name, self.shared.rank)
+    }
+
+    /// The context of operation `id` on this group.
+    fn context(&self, id: OpId) -> OpCtx<'_> {
+        let shared = &self.shared;
+        OpCtx::new(
+            shared.transport.as_ref(),
+            &shared.members,
+            &shared.health,
+            &shared.one_sided,
+            id,
+        )
     }
 }

@@ -19,10 +19,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::all_reduce::one_sided::{self, OneSided};
+use crate::all_reduce::one_sided::{self, region::OneSided};
 use crate::federated::StaleRounds;
 use crate::health::Health;
 use crate::issue_order::IssueOrder;
+use crate::op::OpKind;
 use crate::select::{Algorithm, CollectiveOp, Settings};
 use crate::split::{self, GroupIds, Record};
 use crate::{CollectiveError, DType, Result, Transport};
@@ -268,9 +269,8 @@ impl ProcessGroup {
     /// `InvalidArgument` when the region is smaller than
     /// [`MIN_ONE_SIDED_REGION_BYTES`](crate::select::MIN_ONE_SIDED_REGION_BYTES) or does not fit.
     pub fn enable_one_sided(&self, region_bytes: u64) -> Result<()> {
-        let shared = &self.shared;
-        self.run(one_sided::ENABLE_OP, |ctx| {
-            one_sided::enable(ctx, &shared.one_sided, region_bytes)
+        self.run(OpKind::EnableOneSided, |ctx| {
+            one_sided::enable(ctx, region_bytes)
         })
     }
 
@@ -357,11 +357,14 @@ mod tests {
     fn every_issued_operation_takes_the_next_sequence_number() {
         let t: Arc<dyn Transport> = crate::MemTransport::fan_out(1).remove(0);
         let group = ProcessGroup::new(t);
-        let first = group.issue("test").seq;
+        let first = group.issue(OpKind::from(CollectiveOp::Barrier)).seq;
         let handle = group.spawn_barrier();
         handle.join().unwrap();
         let mut x = [1.0f32];
         group.all_reduce(&mut x, ReduceKind::Sum).unwrap();
-        assert_eq!(group.issue("test").seq, first + 3);
+        assert_eq!(
+            group.issue(OpKind::from(CollectiveOp::Barrier)).seq,
+            first + 3
+        );
     }
 }
