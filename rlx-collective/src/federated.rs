@@ -14,6 +14,8 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
+
 use crate::op::OpCtx;
 use crate::{CollectiveError, Result, Tag};
 
@@ -68,8 +70,27 @@ fn le_f32s(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
 }
 
+/// Runs one round: contributes `data` and replaces it by the round's average. Returns the
+/// number of participants on rank 0 (1 in a group of one) and 0 elsewhere. `stale` is rank
+/// 0's record of late contributions; only rank 0 locks it.
+pub(crate) fn run(
+    ctx: &OpCtx<'_>,
+    stale: &Mutex<StaleRounds>,
+    data: &mut [f32],
+    deadline: Duration,
+) -> Result<usize> {
+    if ctx.size() == 1 {
+        return Ok(1);
+    }
+    if ctx.rank == 0 {
+        run_root(ctx, &mut stale.lock(), data, deadline)
+    } else {
+        run_member(ctx, data, deadline).map(|()| 0)
+    }
+}
+
 /// Runs one round on rank 0: returns the participant count and leaves the average in `data`.
-pub(crate) fn run_root(
+fn run_root(
     ctx: &OpCtx<'_>,
     stale: &mut StaleRounds,
     data: &mut [f32],
@@ -125,7 +146,7 @@ pub(crate) fn run_root(
 
 /// Runs one round on a non-root rank: contributes `data` and replaces it by the round's
 /// average.
-pub(crate) fn run_member(ctx: &OpCtx<'_>, data: &mut [f32], deadline: Duration) -> Result<()> {
+fn run_member(ctx: &OpCtx<'_>, data: &mut [f32], deadline: Duration) -> Result<()> {
     ctx.send(0, bytemuck::cast_slice(data))?;
     let result = ctx.phase(1);
     let wait = deadline.saturating_add(ctx.timeout());

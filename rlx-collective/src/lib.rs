@@ -6,7 +6,7 @@
 //!   federated averaging and `split`, for `f32` slices and for raw little-endian buffers of
 //!   every [`DType`] (the `*_typed` methods).
 //! - One file per algorithm (`all_reduce/ring.rs`, `all_reduce/recursive_doubling.rs`,
-//!   `all_reduce/one_sided.rs`, `all_gather/{ring,bruck}.rs`, `broadcast/{binomial,chain}.rs`,
+//!   `all_reduce/one_sided/`, `all_gather/{ring,bruck}.rs`, `broadcast/{binomial,chain}.rs`,
 //!   ...), chosen by [`select`] unless [`ProcessGroup::set_algorithm`] forces one. The
 //!   one-sided ring all-reduce ([`select::Algorithm::OneSidedRing`]) runs on transports with a
 //!   symmetric heap (`rlx_transport::Symmetric`) and is only used when forced.
@@ -77,6 +77,7 @@ mod federated;
 mod gather;
 mod group;
 mod handle;
+mod health;
 mod init;
 mod issue_order;
 mod kernels;

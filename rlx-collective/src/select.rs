@@ -1,7 +1,8 @@
 //! Which algorithm runs a collective: by message size and world size, unless the group was
 //! told otherwise with [`ProcessGroup::set_algorithm`](crate::ProcessGroup::set_algorithm).
 //!
-//! Crossover numbers (SPEC §8, two ranks over loopback TCP on the 2-core reference machine):
+//! Crossover numbers (measured with two ranks over loopback TCP on the 2-core reference
+//! machine):
 //! - Up to [`SMALL_MESSAGE_BYTES`] (32 KiB) a latency-bound exchange wins: recursive doubling
 //!   for all-reduce (log2 n steps of one whole-buffer exchange), Bruck for all-gather, a
 //!   binomial tree for broadcast. The ring's 2(n-1) steps cost more than its bandwidth saves.
@@ -12,7 +13,7 @@
 //!   system calls per byte).
 //! - A broadcast to two ranks is one message whatever the algorithm, so it stays binomial.
 //! - [`Algorithm::OneSidedRing`] (all-reduce through the symmetric heap) is never chosen by
-//!   `Auto`, because it measured slower than the two-sided ring everywhere it can run today.
+//!   `Auto`, because it was slower than the two-sided ring in every measurement.
 //!   Medians over `MemTransport` with a heap (`Symmetric`), f32 sum, release build, the
 //!   2-core machine under a load average of 10-16 (other jobs), both algorithms interleaved
 //!   in each run; the ranges span two runs:
@@ -34,6 +35,7 @@
 
 use std::fmt;
 
+use crate::all_reduce::one_sided::region;
 use crate::{CollectiveError, Result};
 
 /// Largest buffer (bytes) that takes the latency-optimal algorithms.
@@ -50,10 +52,10 @@ pub const LARGE_SEGMENT_BYTES: usize = 1024 * 1024;
 /// [`ProcessGroup::enable_one_sided`](crate::ProcessGroup::enable_one_sided) chose one (capped
 /// at half the heap): two banks of four slots of 512 KiB of payload, each of which holds a
 /// [`SEGMENT_BYTES`] segment of floats widened to their accumulation type.
-pub const DEFAULT_ONE_SIDED_REGION_BYTES: u64 = crate::all_reduce::one_sided::DEFAULT_REGION_BYTES;
+pub const DEFAULT_ONE_SIDED_REGION_BYTES: u64 = region::DEFAULT_REGION_BYTES;
 
 /// The smallest scratch region the one-sided all-reduce works with.
-pub const MIN_ONE_SIDED_REGION_BYTES: u64 = crate::all_reduce::one_sided::MIN_REGION_BYTES;
+pub const MIN_ONE_SIDED_REGION_BYTES: u64 = region::MIN_REGION_BYTES;
 
 /// The collective operations, as named in reports, overrides and benchmarks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

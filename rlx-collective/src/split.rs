@@ -8,6 +8,8 @@
 //! share an id. (Splits of different parents must therefore not run concurrently in one
 //! process: both would read the same counter.)
 
+use parking_lot::Mutex;
+
 use crate::{CollectiveError, Result, TRANSPORT_GROUP};
 
 /// Bytes one rank publishes: color (i64, -1 for none), key (i64), proposed id (u64).
@@ -55,6 +57,43 @@ impl Record {
             proposal,
         })
     }
+}
+
+/// This rank's "next free id" counter of one family of groups, shared by all of them.
+#[derive(Debug)]
+pub(crate) struct GroupIds {
+    next: Mutex<u32>,
+}
+
+impl GroupIds {
+    /// The counter of a new family whose world group has id `world`.
+    pub(crate) fn after(world: u16) -> GroupIds {
+        GroupIds {
+            next: Mutex::new(u32::from(world) + 1),
+        }
+    }
+
+    /// The id this rank proposes for the next group it splits off.
+    pub(crate) fn proposal(&self) -> u32 {
+        *self.next.lock()
+    }
+
+    /// Moves the counter past `id`, the id of a group this rank has joined.
+    pub(crate) fn reserve(&self, id: u16) {
+        let mut next = self.next.lock();
+        *next = (*next).max(u32::from(id) + 1);
+    }
+}
+
+/// Decodes the records every parent rank published (`all`, gathered in rank order) and plans
+/// parent rank `me`'s new group (see [`plan`]).
+pub(crate) fn plan_gathered(all: &[u8], me: u32) -> Result<Option<Plan>> {
+    let records = all
+        .chunks_exact(RECORD_LEN)
+        .enumerate()
+        .map(|(rank, bytes)| Record::decode(rank as u32, bytes))
+        .collect::<Result<Vec<_>>>()?;
+    plan(&records, me)
 }
 
 /// The group a rank ends in.

@@ -10,23 +10,21 @@ pub(crate) mod ring;
 use crate::op::OpCtx;
 use crate::select::Algorithm;
 use crate::{CollectiveError, DType, NativeOp, ReduceKind, Result, kernels};
-use one_sided::OneSided;
 
-/// All-reduces the `dtype` elements of `data` in place. `one_sided` is the group's one-sided
-/// state; the operation's place in its queue (if it has one) is released however this returns.
+/// All-reduces the `dtype` elements of `data` in place. The operation's place in the group's
+/// one-sided queue (if it has one) is released however this returns.
 pub(crate) fn run(
     ctx: &OpCtx<'_>,
-    one_sided: &OneSided,
     data: &mut [u8],
     dtype: DType,
     reduce: ReduceKind,
 ) -> Result<()> {
-    let _registration = one_sided.registration(ctx.tag().seq());
+    let _registration = ctx.one_sided().registration(ctx.tag().seq());
     let n = ctx.size();
     // The one-sided path takes its turn and its heap region (a collective allocation at first
     // use) before anything that can fail on one rank only.
     let prepared = if n > 1 && ctx.settings.all_reduce == Algorithm::OneSidedRing {
-        Some(one_sided::prepare(ctx, one_sided)?)
+        Some(one_sided::prepare(ctx)?)
     } else {
         None
     };
@@ -49,7 +47,7 @@ pub(crate) fn run(
         Algorithm::OneSidedRing => {
             let prepared = match prepared {
                 Some(prepared) => prepared,
-                None => one_sided::prepare(ctx, one_sided)?,
+                None => one_sided::prepare(ctx)?,
             };
             let segment_bytes = ctx.settings.segment_bytes(data.len(), dtype.size());
             one_sided::run(ctx, prepared, data, dtype, reduce, segment_bytes)

@@ -1,7 +1,7 @@
 //! One-sided all-reduce: the segmented ring of `ring.rs` (reduce-scatter, then all-gather of
 //! the finished blocks) with every hop a put-with-signal into the next rank's symmetric heap
 //! instead of a matched send and receive. It runs when forced with
-//! [`Algorithm::OneSidedRing`] on the world group of a transport that has a heap
+//! [`Algorithm::OneSidedRing`](crate::Algorithm::OneSidedRing) on the world group of a transport that has a heap
 //! ([`Transport::symmetric`](crate::Transport::symmetric)).
 //!
 //! The schedule, block and segment layout and the order in which partials are combined are
@@ -46,210 +46,41 @@
 //! # Ordering and failures
 //!
 //! One-sided operations of one group share the region, so they run one at a time, in issue
-//! order on every rank: each registers at issue ([`OneSided::on_issue`]) and waits for its turn
-//! at the front of the queue, whatever thread it runs on.
+//! order on every rank: each registers at issue ([`region::OneSided::register`]) and waits
+//! for its turn at the front of the queue, whatever thread it runs on.
 //!
 //! Each message's header carries the sender's buffer length, dtype and reduction, so a rank
 //! passing another length gets [`CollectiveError::LengthMismatch`] from its neighbour's first
 //! message. Waits on signal words are cut into short slices; between slices the operation
 //! looks for the failure notices that a failing rank sends under the operation's tag (see
-//! `op.rs`) and for the loss of the rank it waits for, so a peer's failure ends the wait
+//! [`OpCtx::notify_failure`]) and for the loss of the rank it waits for, so a peer's failure ends the wait
 //! within a slice and a silent peer ends it after the transport's operation timeout, never a
 //! hang.
+//!
+//! The region's layout arithmetic and the queue of one-sided operations live in [`region`], a
+//! leaf that the selector and the operation context use too.
 //!
 //! Every put targets a rank that still needs it (data the next rank has yet to consume,
 //! credits the previous rank waits for), so a rank that finished and dropped its transport
 //! never makes a put of a slower rank fail.
 
-use std::collections::VecDeque;
+pub(crate) mod region;
+
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
-use rlx_transport::symmetric::{Cmp, Region, Signal, SymmetricOps};
+use rlx_transport::symmetric::{Cmp, Signal, SymmetricOps};
 
 use crate::layout::{self, Blocks};
-use crate::op::{OpCtx, OpId};
-use crate::select::Algorithm;
+use crate::op::OpCtx;
 use crate::{CollectiveError, DType, ReduceKind, Result, kernels};
+use region::{DEFAULT_REGION_BYTES, HEADER_BYTES, MIN_REGION_BYTES, SLOTS, Scratch};
 
-/// The operation name of [`ProcessGroup::enable_one_sided`](crate::ProcessGroup::enable_one_sided)
-/// (it takes a sequence number and a turn like a one-sided all-reduce).
-pub(crate) const ENABLE_OP: &str = "enable_one_sided";
-
-/// See [`crate::select::DEFAULT_ONE_SIDED_REGION_BYTES`].
-pub(crate) const DEFAULT_REGION_BYTES: u64 =
-    CONTROL_BYTES + BANKS * SLOTS * (HEADER_BYTES as u64 + 512 * 1024);
-
-/// See [`crate::select::MIN_ONE_SIDED_REGION_BYTES`]: the control words and room for one
-/// 8-byte element in each slot.
-pub(crate) const MIN_REGION_BYTES: u64 = CONTROL_BYTES + BANKS * SLOTS * (HEADER_BYTES as u64 + 8);
-
-/// Banks of slots, used by consecutive operations in turn.
-const BANKS: u64 = 2;
-
-/// Slots per bank: a sender may run up to this many messages ahead of its neighbour's
-/// consumption.
-const SLOTS: u64 = 4;
 /// A receiver credits its sender after every this many messages (and after the last one the
 /// sender waits for), which halves the credit traffic while the sender still has
 /// `SLOTS - CREDIT_EVERY` slots of run-ahead. Must not exceed `SLOTS`.
 const CREDIT_EVERY: u64 = 2;
-/// Bytes before the first slot: the ready and credit words, padded to a cache line so that
-/// the two writers do not share one with the slots.
-const CONTROL_BYTES: u64 = 64;
-/// The header in front of every payload.
-const HEADER_BYTES: usize = 32;
 /// How long one wait on a signal word lasts before the operation looks for failures.
 const WAIT_SLICE: Duration = Duration::from_millis(10);
-
-/// A group's one-sided state: the queue that gives its one-sided operations their turns, and
-/// the scratch region once allocated.
-#[derive(Default)]
-pub(crate) struct OneSided {
-    gate: Mutex<Gate>,
-    turn: Condvar,
-}
-
-#[derive(Default)]
-struct Gate {
-    /// Sequence numbers of the issued one-sided operations that have not finished, in issue
-    /// order; the front one runs.
-    queue: VecDeque<u32>,
-    scratch: Option<Scratch>,
-}
-
-impl OneSided {
-    /// Registers an operation that is being issued if it will use the scratch region: an
-    /// all-reduce forced to [`Algorithm::OneSidedRing`] or an explicit enable, on the world
-    /// group (a sub-group cannot allocate heap memory, which is collective over the world).
-    /// Called on the issuing thread, so every rank queues the same operations in one order.
-    pub(crate) fn on_issue(&self, id: &OpId) {
-        let uses_region = id.name == ENABLE_OP
-            || (id.name == "all_reduce" && id.settings.all_reduce == Algorithm::OneSidedRing);
-        if id.is_world && uses_region {
-            self.gate.lock().queue.push_back(id.seq);
-        }
-    }
-
-    /// Removes operation `seq` from the queue (if it is there) and wakes the operations waiting
-    /// for their turn. Called when the operation ends, however it ends, and when an issued
-    /// operation will never run.
-    pub(crate) fn release(&self, seq: u32) {
-        let mut gate = self.gate.lock();
-        if let Some(at) = gate.queue.iter().position(|&s| s == seq) {
-            gate.queue.remove(at);
-            self.turn.notify_all();
-        }
-    }
-
-    /// A guard that releases `seq` when dropped.
-    pub(crate) fn registration(&self, seq: u32) -> Registration<'_> {
-        Registration { state: self, seq }
-    }
-
-    /// Waits until `ctx`'s operation is at the front of the queue and returns the scratch
-    /// region as it stands. `Unsupported` for an operation that was not registered (a
-    /// sub-group's).
-    fn wait_turn(&self, ctx: &OpCtx<'_>) -> Result<Option<Scratch>> {
-        let seq = ctx.tag().seq();
-        let deadline = Instant::now() + ctx.timeout();
-        let mut gate = self.gate.lock();
-        loop {
-            match gate.queue.front() {
-                Some(&front) if front == seq => return Ok(gate.scratch),
-                _ if !gate.queue.contains(&seq) => {
-                    return Err(CollectiveError::unsupported(
-                        "the one-sided all-reduce runs on the world group only: a sub-group \
-                         cannot allocate symmetric heap memory, which is collective over the \
-                         whole world",
-                    ));
-                }
-                _ => {}
-            }
-            if Instant::now() >= deadline {
-                return Err(CollectiveError::Timeout {
-                    peer: None,
-                    op: ctx.name,
-                    after: ctx.timeout(),
-                });
-            }
-            // Wakes on every release; the loop re-checks the queue and the deadline.
-            let _ = self.turn.wait_until(&mut gate, deadline);
-        }
-    }
-
-    /// Records the region the running operation allocated (or that it is gone).
-    fn set_scratch(&self, scratch: Option<Scratch>) {
-        self.gate.lock().scratch = scratch;
-    }
-}
-
-/// Releases an operation's place in the [`OneSided`] queue when dropped.
-pub(crate) struct Registration<'a> {
-    state: &'a OneSided,
-    seq: u32,
-}
-
-impl Drop for Registration<'_> {
-    fn drop(&mut self) {
-        self.state.release(self.seq);
-    }
-}
-
-/// The scratch region, the offsets inside it (the same on every rank) and whose turn its
-/// banks are.
-#[derive(Clone, Copy, Debug)]
-struct Scratch {
-    region: Region,
-    /// Sequence number of the last operation that used the region (`None` while it is fresh).
-    previous: Option<u32>,
-    /// The bank the next operation uses.
-    bank: u64,
-}
-
-impl Scratch {
-    fn ready_word(&self) -> u64 {
-        self.region.offset()
-    }
-
-    fn credit_word(&self) -> u64 {
-        self.region.offset() + 8
-    }
-
-    /// A fresh region: zeroed words, nothing to wait for.
-    fn fresh(region: Region) -> Scratch {
-        Scratch {
-            region,
-            previous: None,
-            bank: 0,
-        }
-    }
-
-    /// The state for the operation after `seq`, which used this bank.
-    fn after(self, seq: u32) -> Scratch {
-        Scratch {
-            previous: Some(seq),
-            bank: (self.bank + 1) % BANKS,
-            ..self
-        }
-    }
-
-    /// Bytes per slot, a multiple of 8 so that every slot starts word-aligned.
-    fn slot_bytes(&self) -> u64 {
-        ((self.region.len() - CONTROL_BYTES) / (BANKS * SLOTS)) & !7
-    }
-
-    /// Payload bytes per slot.
-    fn payload_bytes(&self) -> usize {
-        (self.slot_bytes() - HEADER_BYTES as u64) as usize
-    }
-
-    /// Heap offset of the slot that message `index` of the operation uses.
-    fn slot(&self, index: u64) -> u64 {
-        let slot = self.bank * SLOTS + index % SLOTS;
-        self.region.offset() + CONTROL_BYTES + slot * self.slot_bytes()
-    }
-}
 
 /// The transport's heap, or `Unsupported` naming its absence.
 fn heap_of<'a>(ctx: &OpCtx<'a>) -> Result<&'a dyn SymmetricOps> {
@@ -259,6 +90,13 @@ fn heap_of<'a>(ctx: &OpCtx<'a>) -> Result<&'a dyn SymmetricOps> {
              transport has none (wrap it in rlx_transport::Symmetric)",
         )
     })
+}
+
+/// Waits until `ctx`'s operation has its turn at the group's scratch region and returns the
+/// region as it stands.
+fn wait_turn(ctx: &OpCtx<'_>) -> Result<Option<Scratch>> {
+    ctx.one_sided()
+        .wait_turn(ctx.tag().seq(), ctx.name(), ctx.timeout())
 }
 
 /// Checks a region size for [`ProcessGroup::enable_one_sided`](crate::ProcessGroup::enable_one_sided).
@@ -272,10 +110,11 @@ fn check_region_bytes(bytes: u64) -> Result<()> {
 }
 
 /// Collective: (re)allocates the scratch region with `bytes` bytes, freeing the previous one.
-pub(crate) fn enable(ctx: &OpCtx<'_>, state: &OneSided, bytes: u64) -> Result<()> {
+pub(crate) fn enable(ctx: &OpCtx<'_>, bytes: u64) -> Result<()> {
+    let state = ctx.one_sided();
     let _registration = state.registration(ctx.tag().seq());
     let ops = heap_of(ctx)?;
-    let current = state.wait_turn(ctx)?;
+    let current = wait_turn(ctx)?;
     check_region_bytes(bytes)?;
     if let Some(old) = current {
         state.set_scratch(None);
@@ -296,9 +135,9 @@ pub(crate) struct Prepared<'a> {
 /// hands the other bank to the next operation. Every rank calls it for the same operations
 /// whatever their buffers hold, so the collective allocation never waits for a rank that has
 /// already failed its validation, and every rank turns the banks in step.
-pub(crate) fn prepare<'a>(ctx: &OpCtx<'a>, state: &OneSided) -> Result<Prepared<'a>> {
+pub(crate) fn prepare<'a>(ctx: &OpCtx<'a>) -> Result<Prepared<'a>> {
     let ops = heap_of(ctx)?;
-    let scratch = match state.wait_turn(ctx)? {
+    let scratch = match wait_turn(ctx)? {
         Some(scratch) => scratch,
         None => {
             let bytes = DEFAULT_REGION_BYTES.min((ops.heap().size() / 2) & !7);
@@ -312,7 +151,8 @@ pub(crate) fn prepare<'a>(ctx: &OpCtx<'a>, state: &OneSided) -> Result<Prepared<
             Scratch::fresh(ops.alloc(bytes)?)
         }
     };
-    state.set_scratch(Some(scratch.after(ctx.tag().seq())));
+    ctx.one_sided()
+        .set_scratch(Some(scratch.after(ctx.tag().seq())));
     Ok(Prepared { ops, scratch })
 }
 
@@ -624,34 +464,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slots_are_aligned_and_disjoint() {
-        for len in [
-            MIN_REGION_BYTES,
-            MIN_REGION_BYTES + 13,
-            DEFAULT_REGION_BYTES,
-        ] {
-            let first = Scratch::fresh(test_region(len));
-            let second = first.after(5);
-            assert_eq!(second.previous, Some(5));
-            assert_eq!(second.after(6).bank, first.bank);
-            assert!(first.payload_bytes() >= 8);
-            assert!(first.slot(0) >= first.credit_word() + 8);
-            let mut slots = Vec::new();
-            for scratch in [first, second] {
-                assert_eq!(scratch.slot(SLOTS), scratch.slot(0));
-                for i in 0..SLOTS {
-                    assert_eq!(scratch.slot(i) % 8, 0);
-                    let end = scratch.slot(i) + scratch.slot_bytes();
-                    assert!(end <= first.region.offset() + len);
-                    slots.push(scratch.slot(i));
-                }
-            }
-            slots.sort_unstable();
-            assert!(slots.windows(2).all(|w| w[1] - w[0] >= first.slot_bytes()));
-        }
-    }
-
-    #[test]
     fn headers_round_trip() {
         let header = Header {
             value: 7 << 32 | 3,
@@ -663,13 +475,5 @@ mod tests {
         let mut raw = [0xAAu8; HEADER_BYTES];
         header.encode(&mut raw);
         assert_eq!(Header::decode(&raw), header);
-    }
-
-    /// A region at a fixed offset, made the only way a `Region` can be made: by allocating it.
-    fn test_region(len: u64) -> Region {
-        let heap = rlx_transport::MemTransport::fan_out_symmetric(1, 8 << 20)
-            .unwrap()
-            .remove(0);
-        rlx_transport::SymmetricTransport::alloc(&*heap, len).unwrap()
     }
 }

@@ -1,0 +1,365 @@
+//! The collectives of a group: for each, the `f32` form, the `*_typed` form on raw
+//! little-endian elements of any [`DType`] and the non-blocking `spawn_*` form, each a thin
+//! wrapper that issues the operation and hands its context to the algorithm module.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{ProcessGroup, f32_bytes, f32_bytes_mut, f32s_from_le, gathered_len};
+use crate::federated;
+use crate::handle::{AllReduceHandle, CollectiveHandle};
+use crate::health::FailureScope;
+use crate::op::{OpId, OpKind};
+use crate::select::CollectiveOp;
+use crate::{CollectiveError, DType, ReduceKind, Result};
+
+impl ProcessGroup {
+    /// Returns once every member has entered the barrier (dissemination algorithm).
+    pub fn barrier(&self) -> Result<()> {
+        self.run(CollectiveOp::Barrier, crate::barrier::dissemination::run)
+    }
+
+    /// Reduces `data` over the group in place; every rank ends with bit-identical values.
+    ///
+    /// Accumulates in f32 (f64 for `F64` data, i64 for integers) across all hops and rounds
+    /// once at the end. All ranks must pass the same length; otherwise every rank fails with
+    /// [`CollectiveError::LengthMismatch`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
+    ///
+    /// let world: Vec<ProcessGroup> = MemTransport::fan_out(2)
+    ///     .into_iter()
+    ///     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>))
+    ///     .collect();
+    /// let peer = world[1].clone();
+    /// let t = std::thread::spawn(move || {
+    ///     let mut x = [3.0f32, 4.0];
+    ///     peer.all_reduce(&mut x, ReduceKind::Mean).map(|_| x)
+    /// });
+    /// let mut x = [1.0f32, 2.0];
+    /// world[0].all_reduce(&mut x, ReduceKind::Mean)?;
+    /// assert_eq!(x, [2.0, 3.0]);
+    /// assert_eq!(t.join().unwrap()?, [2.0, 3.0]);
+    /// # Ok::<(), rlx_collective::CollectiveError>(())
+    /// ```
+    pub fn all_reduce(&self, data: &mut [f32], op: ReduceKind) -> Result<()> {
+        self.all_reduce_typed(f32_bytes_mut(data), DType::F32, op)
+    }
+
+    /// [`ProcessGroup::all_reduce`] on raw little-endian `dtype` elements.
+    pub fn all_reduce_typed(&self, data: &mut [u8], dtype: DType, op: ReduceKind) -> Result<()> {
+        self.run(CollectiveOp::AllReduce, |ctx| {
+            crate::all_reduce::run(ctx, data, dtype, op)
+        })
+    }
+
+    /// Non-blocking [`ProcessGroup::all_reduce`]: issued now, run on its own thread;
+    /// `join()` returns the reduced buffer.
+    pub fn spawn_all_reduce(self: &Arc<Self>, data: Vec<f32>, op: ReduceKind) -> AllReduceHandle {
+        self.as_ref().spawn_all_reduce_f32(data, op)
+    }
+
+    /// [`ProcessGroup::spawn_all_reduce`] on a plain (non-`Arc`) group handle.
+    pub fn spawn_all_reduce_f32(&self, mut data: Vec<f32>, op: ReduceKind) -> AllReduceHandle {
+        self.spawn(CollectiveOp::AllReduce, move |ctx| {
+            crate::all_reduce::run(ctx, f32_bytes_mut(&mut data), DType::F32, op)?;
+            Ok(data)
+        })
+    }
+
+    /// Non-blocking [`ProcessGroup::all_reduce_typed`].
+    pub fn spawn_all_reduce_typed(
+        &self,
+        mut data: Vec<u8>,
+        dtype: DType,
+        op: ReduceKind,
+    ) -> CollectiveHandle<Vec<u8>> {
+        self.spawn(CollectiveOp::AllReduce, move |ctx| {
+            crate::all_reduce::run(ctx, &mut data, dtype, op)?;
+            Ok(data)
+        })
+    }
+
+    /// Reduces every rank's `data` into `root`'s `data`; the other ranks' buffers are left
+    /// unchanged.
+    pub fn reduce(&self, root: u32, data: &mut [f32], op: ReduceKind) -> Result<()> {
+        self.reduce_typed(root, f32_bytes_mut(data), DType::F32, op)
+    }
+
+    /// [`ProcessGroup::reduce`] on raw little-endian `dtype` elements.
+    pub fn reduce_typed(
+        &self,
+        root: u32,
+        data: &mut [u8],
+        dtype: DType,
+        op: ReduceKind,
+    ) -> Result<()> {
+        self.run(CollectiveOp::Reduce, |ctx| {
+            crate::reduce::run(ctx, root, data, dtype, op)
+        })
+    }
+
+    /// Non-blocking [`ProcessGroup::reduce_typed`]; `join()` returns the buffer (the result on
+    /// the root, the untouched input elsewhere).
+    pub fn spawn_reduce_typed(
+        &self,
+        root: u32,
+        mut data: Vec<u8>,
+        dtype: DType,
+        op: ReduceKind,
+    ) -> CollectiveHandle<Vec<u8>> {
+        self.spawn(CollectiveOp::Reduce, move |ctx| {
+            crate::reduce::run(ctx, root, &mut data, dtype, op)?;
+            Ok(data)
+        })
+    }
+
+    /// Reduces every rank's `data` and returns this rank's block of the result: with `c`
+    /// elements on `n` ranks, rank `i` gets elements `i*c/n .. (i+1)*c/n` (blocks differ by
+    /// at most one element when `n` does not divide `c`).
+    pub fn reduce_scatter(&self, data: &[f32], op: ReduceKind) -> Result<Vec<f32>> {
+        let bytes = self.reduce_scatter_typed(f32_bytes(data), DType::F32, op)?;
+        Ok(f32s_from_le(&bytes))
+    }
+
+    /// [`ProcessGroup::reduce_scatter`] on raw little-endian `dtype` elements.
+    pub fn reduce_scatter_typed(
+        &self,
+        data: &[u8],
+        dtype: DType,
+        op: ReduceKind,
+    ) -> Result<Vec<u8>> {
+        self.run(CollectiveOp::ReduceScatter, |ctx| {
+            crate::reduce_scatter::run(ctx, data, dtype, op)
+        })
+    }
+
+    /// Non-blocking [`ProcessGroup::reduce_scatter_typed`].
+    pub fn spawn_reduce_scatter_typed(
+        &self,
+        data: Vec<u8>,
+        dtype: DType,
+        op: ReduceKind,
+    ) -> CollectiveHandle<Vec<u8>> {
+        self.spawn(CollectiveOp::ReduceScatter, move |ctx| {
+            crate::reduce_scatter::run(ctx, &data, dtype, op)
+        })
+    }
+
+    /// Gathers every rank's `local` on every rank, in rank order. All ranks pass the same
+    /// length.
+    pub fn all_gather(&self, local: &[f32]) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; gathered_len(local.len(), self.world_size())?];
+        self.all_gather_into(local, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`ProcessGroup::all_gather`] into `out`, which holds `world_size × local.len()`
+    /// elements: a loop that gathers the same sizes again and again allocates nothing. An
+    /// `out` of another length is [`CollectiveError::InvalidArgument`] on this rank and fails
+    /// the operation on the others.
+    pub fn all_gather_into(&self, local: &[f32], out: &mut [f32]) -> Result<()> {
+        self.all_gather_typed_into(f32_bytes(local), f32_bytes_mut(out), DType::F32)
+    }
+
+    /// [`ProcessGroup::all_gather`] on raw little-endian `dtype` elements.
+    pub fn all_gather_typed(&self, local: &[u8], dtype: DType) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; gathered_len(local.len(), self.world_size())?];
+        self.all_gather_typed_into(local, &mut out, dtype)?;
+        Ok(out)
+    }
+
+    /// [`ProcessGroup::all_gather_into`] on raw little-endian `dtype` elements.
+    pub fn all_gather_typed_into(&self, local: &[u8], out: &mut [u8], dtype: DType) -> Result<()> {
+        self.run(CollectiveOp::AllGather, |ctx| {
+            let expected = gathered_len(local.len(), ctx.size())?;
+            if out.len() != expected {
+                return Err(CollectiveError::invalid(format!(
+                    "all_gather output holds {} bytes; {} ranks × {} bytes need {expected}",
+                    out.len(),
+                    ctx.size(),
+                    local.len()
+                )));
+            }
+            crate::all_gather::run(ctx, local, out, dtype)
+        })
+    }
+
+    /// Non-blocking [`ProcessGroup::all_gather_typed`].
+    pub fn spawn_all_gather_typed(
+        &self,
+        local: Vec<u8>,
+        dtype: DType,
+    ) -> CollectiveHandle<Vec<u8>> {
+        self.spawn(CollectiveOp::AllGather, move |ctx| {
+            let mut out = vec![0u8; gathered_len(local.len(), ctx.size())?];
+            crate::all_gather::run(ctx, &local, &mut out, dtype)?;
+            Ok(out)
+        })
+    }
+
+    /// Gathers every rank's `local` on `root` in rank order: `Some` on the root, `None`
+    /// elsewhere. All ranks pass the same length.
+    pub fn gather(&self, root: u32, local: &[f32]) -> Result<Option<Vec<f32>>> {
+        let bytes = self.gather_typed(root, f32_bytes(local), DType::F32)?;
+        Ok(bytes.map(|b| f32s_from_le(&b)))
+    }
+
+    /// [`ProcessGroup::gather`] on raw little-endian `dtype` elements.
+    pub fn gather_typed(&self, root: u32, local: &[u8], dtype: DType) -> Result<Option<Vec<u8>>> {
+        self.run(CollectiveOp::Gather, |ctx| {
+            crate::gather::run(ctx, root, local, dtype)
+        })
+    }
+
+    /// Non-blocking [`ProcessGroup::gather_typed`].
+    pub fn spawn_gather_typed(
+        &self,
+        root: u32,
+        local: Vec<u8>,
+        dtype: DType,
+    ) -> CollectiveHandle<Option<Vec<u8>>> {
+        self.spawn(CollectiveOp::Gather, move |ctx| {
+            crate::gather::run(ctx, root, &local, dtype)
+        })
+    }
+
+    /// Sends block `i` of `root`'s `send` (world_size blocks of `recv.len()` elements) to rank
+    /// `i`'s `recv`; `send` is only read on the root (pass `&[]` elsewhere).
+    pub fn scatter(&self, root: u32, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        self.scatter_typed(root, f32_bytes(send), f32_bytes_mut(recv), DType::F32)
+    }
+
+    /// [`ProcessGroup::scatter`] on raw little-endian `dtype` elements.
+    pub fn scatter_typed(
+        &self,
+        root: u32,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+    ) -> Result<()> {
+        self.run(CollectiveOp::Scatter, |ctx| {
+            crate::scatter::run(ctx, root, send, recv, dtype)
+        })
+    }
+
+    /// Non-blocking [`ProcessGroup::scatter_typed`]: `send` is read on the root only;
+    /// `join()` returns this rank's block of `recv_len` bytes.
+    pub fn spawn_scatter_typed(
+        &self,
+        root: u32,
+        send: Vec<u8>,
+        recv_len: usize,
+        dtype: DType,
+    ) -> CollectiveHandle<Vec<u8>> {
+        self.spawn(CollectiveOp::Scatter, move |ctx| {
+            let mut recv = vec![0u8; recv_len];
+            crate::scatter::run(ctx, root, &send, &mut recv, dtype)?;
+            Ok(recv)
+        })
+    }
+
+    /// Copies `root`'s `data` into every rank's `data`. All ranks pass the same length.
+    pub fn broadcast(&self, root: u32, data: &mut [f32]) -> Result<()> {
+        self.broadcast_typed(root, f32_bytes_mut(data), DType::F32)
+    }
+
+    /// [`ProcessGroup::broadcast`] on raw little-endian `dtype` elements.
+    pub fn broadcast_typed(&self, root: u32, data: &mut [u8], dtype: DType) -> Result<()> {
+        self.run(CollectiveOp::Broadcast, |ctx| {
+            crate::broadcast::run(ctx, root, data, dtype)
+        })
+    }
+
+    /// Non-blocking [`ProcessGroup::broadcast_typed`]; `join()` returns the buffer.
+    pub fn spawn_broadcast_typed(
+        &self,
+        root: u32,
+        mut data: Vec<u8>,
+        dtype: DType,
+    ) -> CollectiveHandle<Vec<u8>> {
+        self.spawn(CollectiveOp::Broadcast, move |ctx| {
+            crate::broadcast::run(ctx, root, &mut data, dtype)?;
+            Ok(data)
+        })
+    }
+
+    /// Splits `send` into world_size equal blocks and sends block `j` to rank `j`; returns the
+    /// blocks received, block `i` from rank `i`.
+    pub fn all_to_all(&self, send: &[f32]) -> Result<Vec<f32>> {
+        let bytes = self.all_to_all_typed(f32_bytes(send), DType::F32)?;
+        Ok(f32s_from_le(&bytes))
+    }
+
+    /// [`ProcessGroup::all_to_all`] on raw little-endian `dtype` elements.
+    pub fn all_to_all_typed(&self, send: &[u8], dtype: DType) -> Result<Vec<u8>> {
+        self.run(CollectiveOp::AllToAll, |ctx| {
+            crate::all_to_all::run(ctx, send, dtype)
+        })
+    }
+
+    /// Non-blocking [`ProcessGroup::all_to_all_typed`].
+    pub fn spawn_all_to_all_typed(&self, send: Vec<u8>, dtype: DType) -> CollectiveHandle<Vec<u8>> {
+        self.spawn(CollectiveOp::AllToAll, move |ctx| {
+            crate::all_to_all::run(ctx, &send, dtype)
+        })
+    }
+
+    /// Non-blocking [`ProcessGroup::barrier`].
+    pub fn spawn_barrier(&self) -> CollectiveHandle<()> {
+        self.spawn(CollectiveOp::Barrier, crate::barrier::dissemination::run)
+    }
+
+    /// One round of federated averaging. Rank 0 waits up to `deadline` for the others'
+    /// contributions, averages what arrived (always including its own) and sends the average
+    /// to everyone; every rank's `data` ends as that average. Returns the number of
+    /// participants on rank 0 and 0 elsewhere.
+    ///
+    /// A contribution that misses the deadline is discarded: each round has its own identity,
+    /// so it can never be counted in a later round. A rank that was late receives the average
+    /// of the round it was late for and stays in step.
+    ///
+    /// A failure in a round, even a lost member, fails only that round on the ranks it
+    /// touches, never the group (see [the type docs](ProcessGroup#failures)); a round on a
+    /// group that already failed fails at once.
+    pub fn federated_average(&self, data: &mut [f32], deadline: Duration) -> Result<usize> {
+        let id = OpId {
+            scope: FailureScope::Operation,
+            ..self.issue(OpKind::FederatedAverage)
+        };
+        let stale = &self.shared.federated;
+        self.execute(id, |ctx| federated::run(ctx, stale, data, deadline))
+    }
+
+    /// Number of late federated contributions rank 0 still expects from past rounds (they are
+    /// freed as they arrive, at the start of the next round).
+    pub fn federated_outstanding(&self) -> usize {
+        self.shared.federated.lock().outstanding()
+    }
+
+    /// The reduce dtype for ranks holding `dtypes` (see [`negotiate_reduce_dtype`]).
+    ///
+    /// [`negotiate_reduce_dtype`]: crate::negotiate_reduce_dtype
+    pub fn negotiate_reduce_dtype(dtypes: &[DType]) -> DType {
+        crate::negotiate_reduce_dtype(dtypes)
+    }
+
+    /// Collectively agrees on the reduce dtype: gathers every rank's `local` dtype and applies
+    /// [`crate::negotiate_reduce_dtype`]. Every rank gets the same answer.
+    pub fn agree_reduce_dtype(&self, local: DType) -> Result<DType> {
+        let codes = self.all_gather_typed(&[local.code()], DType::U8)?;
+        let dtypes = codes
+            .iter()
+            .map(|&code| {
+                DType::from_code(code).ok_or_else(|| {
+                    CollectiveError::protocol(None, format!("unknown dtype code {code}"))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(crate::negotiate_reduce_dtype(&dtypes))
+    }
+}

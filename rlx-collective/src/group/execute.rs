@@ -1,0 +1,124 @@
+//! Issuing and running a group's operations: every operation takes the group's next sequence
+//! number on the issuing thread, then runs (here or on a thread of its own) with an
+//! [`OpCtx`] that carries its identity, and announces its failure to the other members.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+
+use super::{ProcessGroup, WORLD_GROUP_ID};
+use crate::handle::CollectiveHandle;
+use crate::health::FailureScope;
+use crate::op::{OpCtx, OpId, OpKind};
+use crate::{CollectiveError, Result};
+
+impl ProcessGroup {
+    /// Issues the next operation: takes its sequence number and the settings it runs with.
+    pub(super) fn issue(&self, kind: OpKind) -> OpId {
+        let shared = &self.shared;
+        let id = OpId {
+            group: shared.group_id,
+            seq: shared.seq.fetch_add(1, Ordering::Relaxed),
+            rank: shared.rank,
+            is_world: shared.group_id == WORLD_GROUP_ID,
+            kind,
+            settings: *shared.settings.lock(),
+            scope: FailureScope::Group,
+        };
+        if id.uses_one_sided_region() {
+            shared.one_sided.register(id.seq);
+        }
+        if let Some(order) = &shared.issue_order {
+            order.register(id.seq);
+        }
+        id
+    }
+
+    /// Runs an issued operation; on failure tells the other members before returning. On a
+    /// group that has failed it fails at once, telling nobody: the members were told when the
+    /// group failed, and telling them again for every later operation would only pile notices
+    /// up in their inboxes.
+    ///
+    /// A panic inside the operation (a bug) is announced as a fatal failure of this rank
+    /// before it continues to unwind, so that the other members do not wait for the
+    /// operation's messages until their timeout.
+    pub(super) fn execute<T>(
+        &self,
+        id: OpId,
+        body: impl FnOnce(&OpCtx<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let shared = &self.shared;
+        let ctx = self.context(id);
+        // Until the body runs, nothing of it releases the operation's place in the one-sided
+        // queue, so an operation that ends early releases it here.
+        let _turn = match &shared.issue_order {
+            Some(order) => match order.wait_turn(id.seq, id.kind.name(), ctx.timeout()) {
+                Ok(turn) => Some(turn),
+                Err(error) => {
+                    shared.one_sided.release(id.seq);
+                    ctx.notify_failure(&error);
+                    return Err(error);
+                }
+            },
+            None => None,
+        };
+        if let Err(error) = ctx.check_group() {
+            shared.one_sided.release(id.seq);
+            return Err(error);
+        }
+        match std::panic::catch_unwind(AssertUnwindSafe(|| body(&ctx))) {
+            Ok(result) => result.inspect_err(|error| ctx.notify_failure(error)),
+            Err(panic) => {
+                ctx.notify_failure(&CollectiveError::Aborted);
+                std::panic::resume_unwind(panic)
+            }
+        }
+    }
+
+    /// Issues operation `kind` and runs it on this thread.
+    pub(super) fn run<T>(
+        &self,
+        kind: impl Into<OpKind>,
+        body: impl FnOnce(&OpCtx<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let id = self.issue(kind.into());
+        self.execute(id, body)
+    }
+
+    /// Issues operation `kind` on this thread and runs it on a thread of its own.
+    pub(super) fn spawn<T: Send + 'static>(
+        &self,
+        kind: impl Into<OpKind>,
+        body: impl FnOnce(&OpCtx<'_>) -> Result<T> + Send + 'static,
+    ) -> CollectiveHandle<T> {
+        let id = self.issue(kind.into());
+        let name = id.kind.name();
+        let group = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("rlx-{name}"))
+            .spawn(move || group.execute(id, body));
+        if spawned.is_err() {
+            // The operation was issued but will not run here: its peers must not wait for it.
+            let shared = &self.shared;
+            shared.one_sided.release(id.seq);
+            if let Some(order) = &shared.issue_order {
+                order.release(id.seq);
+            }
+            // An operation that never runs leaves its peers' matching broken for good: that
+            // is a fatal failure of the group, announced as one.
+            self.context(id).notify_failure(&CollectiveError::Aborted);
+        }
+        CollectiveHandle::new(spawned, name, self.shared.rank)
+    }
+
+    /// The context of operation `id` on this group.
+    fn context(&self, id: OpId) -> OpCtx<'_> {
+        let shared = &self.shared;
+        OpCtx::new(
+            shared.transport.as_ref(),
+            &shared.members,
+            &shared.health,
+            &shared.one_sided,
+            id,
+        )
+    }
+}

@@ -1,0 +1,370 @@
+//! [`ProcessGroup`]: the ranks that run collectives together, over one [`Transport`].
+//!
+//! A group is a cheap handle (`Clone` shares it) on shared state: the transport, the members
+//! (group rank → world rank), the group id and the sequence counter that gives every
+//! operation its identity on the wire, the algorithm overrides, rank 0's federated
+//! bookkeeping, and the queue and scratch region of the one-sided all-reduce.
+//!
+//! This file holds the type, its construction (`new`, `split`) and its settings; the rest of
+//! its methods live by theme: `execute.rs` issues and runs operations, `point_to_point.rs`
+//! sends and receives under user tags, `collectives.rs` wraps every collective.
+
+mod collectives;
+mod execute;
+mod point_to_point;
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::all_reduce::one_sided::{self, region::OneSided};
+use crate::federated::StaleRounds;
+use crate::health::Health;
+use crate::issue_order::IssueOrder;
+use crate::op::OpKind;
+use crate::select::{Algorithm, CollectiveOp, Settings};
+use crate::split::{self, GroupIds, Record};
+use crate::{CollectiveError, DType, Result, Transport};
+
+/// The group id of the world group every family starts from.
+pub const WORLD_GROUP_ID: u16 = 1;
+
+/// A set of ranks that run collectives together; see the crate docs for the operations.
+///
+/// Every member must issue the same collectives in the same order (as in MPI and NCCL); each
+/// operation takes the next sequence number of the group when it is issued — for the
+/// `spawn_*` variants, on the calling thread before it returns — and all of its messages
+/// carry `(group id, sequence)`, so concurrent operations never exchange each other's bytes.
+///
+/// Buffers of the `*_typed` operations are raw little-endian elements of a [`DType`] (any
+/// alignment); the `f32` operations are thin wrappers over them.
+///
+/// # Failures
+///
+/// A fatal failure ([`CollectiveError::is_fatal`]: a lost peer, a timeout, an abort, bad
+/// bytes) in any operation of the group on any rank makes the group unusable on every rank,
+/// as an aborted NCCL communicator is: that rank tells every member, and every member's
+/// current operation (whichever it is, point-to-point calls included) and every later one
+/// fails promptly — within milliseconds on a local network, not at the operation timeout —
+/// with [`CollectiveError::GroupFailed`] naming the rank at fault, unless it saw the failure
+/// itself (then with the error it saw). Other errors (a different length, an invalid argument)
+/// leave the group usable. [`ProcessGroup::federated_average`] is the exception: it is built
+/// to go on without lost members, so its failures stay in the round.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
+///
+/// let ranks = MemTransport::fan_out(3);
+/// let threads: Vec<_> = ranks
+///     .into_iter()
+///     .map(|t| {
+///         std::thread::spawn(move || {
+///             let group = ProcessGroup::new(t as Arc<dyn Transport>);
+///             let mut x = vec![group.rank() as f32; 4];
+///             group.all_reduce(&mut x, ReduceKind::Sum)?;
+///             Ok::<_, rlx_collective::CollectiveError>(x)
+///         })
+///     })
+///     .collect();
+/// for t in threads {
+///     assert_eq!(t.join().unwrap()?, vec![3.0; 4]);
+/// }
+/// # Ok::<(), rlx_collective::CollectiveError>(())
+/// ```
+#[derive(Clone)]
+pub struct ProcessGroup {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    transport: Arc<dyn Transport>,
+    group_id: u16,
+    /// World rank of every group rank.
+    members: Vec<u32>,
+    rank: u32,
+    seq: AtomicU32,
+    /// The next free group id of this rank's family (see the `split` module).
+    group_ids: Arc<GroupIds>,
+    settings: Mutex<Settings>,
+    federated: Mutex<StaleRounds>,
+    one_sided: OneSided,
+    /// Present when native collectives may run on this group (see [`IssueOrder`]).
+    issue_order: Option<IssueOrder>,
+    /// Whether a fatal failure has made the group unusable (see the `health` module).
+    health: Health,
+}
+
+impl fmt::Debug for ProcessGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProcessGroup")
+            .field("group_id", &self.shared.group_id)
+            .field("rank", &self.shared.rank)
+            .field("members", &self.shared.members)
+            .field("next_seq", &self.shared.seq.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+fn f32_bytes(data: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(data)
+}
+
+fn f32_bytes_mut(data: &mut [f32]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(data)
+}
+
+/// Little-endian `f32`s from bytes whose length is already known to be a multiple of 4.
+fn f32s_from_le(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Length of `len` elements gathered from `world` ranks, refused when it overflows.
+fn gathered_len(len: usize, world: u32) -> Result<usize> {
+    len.checked_mul(world as usize).ok_or_else(|| {
+        CollectiveError::invalid(format!(
+            "gathering {len} elements from {world} ranks overflows the address space"
+        ))
+    })
+}
+
+impl ProcessGroup {
+    /// The world group over `transport`: group rank = world rank. Create it once per transport
+    /// and clone it; two world groups on one transport would share operation identities (and
+    /// the failure notices of a world group that failed, so after a fatal failure build the
+    /// new group on a new transport).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use rlx_collective::{MemTransport, ProcessGroup, Transport};
+    ///
+    /// let t: Arc<dyn Transport> = MemTransport::fan_out(1).remove(0);
+    /// let group = ProcessGroup::new(t);
+    /// assert_eq!((group.rank(), group.world_size(), group.is_leader()), (0, 1, true));
+    /// ```
+    pub fn new(transport: Arc<dyn Transport>) -> ProcessGroup {
+        let members = (0..transport.world_size()).collect();
+        let rank = transport.rank();
+        ProcessGroup::from_parts(
+            transport,
+            WORLD_GROUP_ID,
+            members,
+            rank,
+            Arc::new(GroupIds::after(WORLD_GROUP_ID)),
+        )
+    }
+
+    fn from_parts(
+        transport: Arc<dyn Transport>,
+        group_id: u16,
+        members: Vec<u32>,
+        rank: u32,
+        group_ids: Arc<GroupIds>,
+    ) -> ProcessGroup {
+        let transport_has_native = transport.native_collectives().is_some();
+        ProcessGroup {
+            shared: Arc::new(Shared {
+                transport,
+                group_id,
+                members,
+                rank,
+                seq: AtomicU32::new(0),
+                group_ids,
+                settings: Mutex::new(Settings::default()),
+                federated: Mutex::new(StaleRounds::default()),
+                one_sided: OneSided::default(),
+                issue_order: (group_id == WORLD_GROUP_ID && transport_has_native)
+                    .then(IssueOrder::default),
+                health: Health::default(),
+            }),
+        }
+    }
+
+    /// This rank's rank in the group.
+    pub fn rank(&self) -> u32 {
+        self.shared.rank
+    }
+
+    /// Number of ranks in the group.
+    pub fn world_size(&self) -> u32 {
+        self.shared.members.len() as u32
+    }
+
+    /// Whether this is rank 0 of the group.
+    pub fn is_leader(&self) -> bool {
+        self.shared.rank == 0
+    }
+
+    /// The transport the group runs on (whose ranks are world ranks).
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.shared.transport
+    }
+
+    /// The group's id on the wire ([`WORLD_GROUP_ID`] for the world group).
+    pub fn group_id(&self) -> u16 {
+        self.shared.group_id
+    }
+
+    /// The world rank of every group rank, in group-rank order.
+    pub fn members(&self) -> &[u32] {
+        &self.shared.members
+    }
+
+    /// Forces `algorithm` for `op` on this group (and its clones) from the next issued
+    /// operation on; [`Algorithm::Auto`] restores the size-based choice. Every member must
+    /// make the same choice. Fails with `InvalidArgument` if `op` has no such algorithm (see
+    /// [`CollectiveOp::algorithms`]), and with `Unsupported` if this group cannot run it (see
+    /// [`ProcessGroup::supports_algorithm`]).
+    pub fn set_algorithm(&self, op: CollectiveOp, algorithm: Algorithm) -> Result<()> {
+        let known = op.algorithms().contains(&algorithm);
+        if known && algorithm == Algorithm::OneSidedRing && !self.supports_algorithm(op, algorithm)
+        {
+            if self.shared.transport.symmetric().is_none() {
+                return Err(CollectiveError::unsupported(format!(
+                    "{op} with {algorithm} needs a transport with a symmetric heap, and this \
+                     transport has none (wrap it in rlx_transport::Symmetric)"
+                )));
+            }
+            if self.shared.group_id != WORLD_GROUP_ID {
+                return Err(CollectiveError::unsupported(format!(
+                    "{op} with {algorithm} runs on the world group only: a sub-group cannot \
+                     allocate symmetric heap memory, which is collective over the whole world"
+                )));
+            }
+        }
+        self.shared.settings.lock().set(op, algorithm)
+    }
+
+    /// Whether `algorithm` can run `op` on this group: it is one of `op`'s algorithms and,
+    /// for [`Algorithm::OneSidedRing`], this is the world group of a transport with a
+    /// symmetric heap ([`Transport::symmetric`]).
+    pub fn supports_algorithm(&self, op: CollectiveOp, algorithm: Algorithm) -> bool {
+        op.algorithms().contains(&algorithm)
+            && (algorithm != Algorithm::OneSidedRing
+                || (self.shared.group_id == WORLD_GROUP_ID
+                    && self.shared.transport.symmetric().is_some()))
+    }
+
+    /// Collective: allocates the scratch region of the one-sided all-reduce
+    /// ([`Algorithm::OneSidedRing`]) with `region_bytes` bytes of the symmetric heap on every
+    /// rank, freeing the previous one. Without it the first one-sided all-reduce allocates
+    /// [`DEFAULT_ONE_SIDED_REGION_BYTES`](crate::select::DEFAULT_ONE_SIDED_REGION_BYTES) (at most
+    /// half the heap). Larger regions mean larger segments and fewer messages; buffers larger
+    /// than a region travel in several segments.
+    ///
+    /// It is ordered like a collective: every member issues it with the same size at the same
+    /// point of the group's sequence, and it waits for the one-sided all-reduces issued
+    /// before it. Nothing
+    /// else may allocate or free heap memory on the transport meanwhile. Fails with
+    /// `Unsupported` on a sub-group or a transport without a heap, and with
+    /// `InvalidArgument` when the region is smaller than
+    /// [`MIN_ONE_SIDED_REGION_BYTES`](crate::select::MIN_ONE_SIDED_REGION_BYTES) or does not fit.
+    pub fn enable_one_sided(&self, region_bytes: u64) -> Result<()> {
+        self.run(OpKind::EnableOneSided, |ctx| {
+            one_sided::enable(ctx, region_bytes)
+        })
+    }
+
+    /// The algorithm forced for `op` ([`Algorithm::Auto`] when none is).
+    pub fn algorithm(&self, op: CollectiveOp) -> Algorithm {
+        self.shared.settings.lock().get(op)
+    }
+
+    /// Caps the pipeline segment size of the segmented algorithms at `bytes` (at least one
+    /// element), so that small inputs take multi-segment paths in tests and benchmarks;
+    /// `None` restores the measured sizes. Every member must set the same value.
+    #[doc(hidden)]
+    pub fn set_max_segment_bytes(&self, bytes: Option<usize>) {
+        self.shared.settings.lock().max_segment_bytes = bytes;
+    }
+
+    /// The current segment cap (see [`ProcessGroup::set_max_segment_bytes`]).
+    #[doc(hidden)]
+    pub fn max_segment_bytes(&self) -> Option<usize> {
+        self.shared.settings.lock().max_segment_bytes
+    }
+
+    /// The world rank of group rank `rank`.
+    fn world_peer(&self, rank: u32) -> Result<u32> {
+        self.shared
+            .members
+            .get(rank as usize)
+            .copied()
+            .ok_or(CollectiveError::UnknownRank {
+                rank,
+                world_size: self.world_size(),
+            })
+    }
+
+    /// Splits the group like `MPI_Comm_split`: ranks passing the same `color` form a new
+    /// group, ordered by `key` (ties by rank in this group); `None` joins no group and gets
+    /// `Ok(None)`. Every member of this group must call it.
+    ///
+    /// The new group shares the transport; its id differs from the id of every other group
+    /// that shares a rank with it, so its collectives may run concurrently with this group's.
+    /// Splits of two different groups must not run concurrently within one process.
+    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<ProcessGroup>> {
+        let ids = &self.shared.group_ids;
+        let mine = Record {
+            color,
+            key,
+            proposal: ids.proposal(),
+        };
+        let all = self.all_gather_typed(&mine.encode(), DType::U8)?;
+        let Some(plan) = split::plan_gathered(&all, self.shared.rank)? else {
+            return Ok(None);
+        };
+        ids.reserve(plan.group_id);
+        let members = plan
+            .members
+            .iter()
+            .map(|&parent| self.world_peer(parent))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some(ProcessGroup::from_parts(
+            Arc::clone(&self.shared.transport),
+            plan.group_id,
+            members,
+            plan.rank,
+            Arc::clone(ids),
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ReduceKind;
+    use crate::handle::CollectiveHandle;
+
+    #[test]
+    fn process_groups_are_shareable_across_threads() {
+        fn assert_shareable<T: Clone + Send + Sync + 'static>() {}
+        assert_shareable::<ProcessGroup>();
+        fn assert_send<T: Send>() {}
+        assert_send::<CollectiveHandle<Vec<f32>>>();
+    }
+
+    #[test]
+    fn every_issued_operation_takes_the_next_sequence_number() {
+        let t: Arc<dyn Transport> = crate::MemTransport::fan_out(1).remove(0);
+        let group = ProcessGroup::new(t);
+        let first = group.issue(OpKind::from(CollectiveOp::Barrier)).seq;
+        let handle = group.spawn_barrier();
+        handle.join().unwrap();
+        let mut x = [1.0f32];
+        group.all_reduce(&mut x, ReduceKind::Sum).unwrap();
+        assert_eq!(
+            group.issue(OpKind::from(CollectiveOp::Barrier)).seq,
+            first + 3
+        );
+    }
+}
