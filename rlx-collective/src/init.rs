@@ -29,6 +29,10 @@ pub fn compiled_backends() -> Vec<&'static str> {
 /// not compiled in is a [`CollectiveError::Config`] error that says which Cargo feature to
 /// enable.
 ///
+/// With `RLX_DEBUG` set (`RLX_DEBUG=info`, `RLX_DEBUG=rlx_net=debug,info`), it first installs
+/// a rank-prefixed stderr subscriber for RLX's diagnostics, unless the program installed a
+/// subscriber of its own (see [`install_debug_subscriber`](crate::install_debug_subscriber)).
+///
 /// # Examples
 ///
 /// ```no_run
@@ -40,6 +44,7 @@ pub fn compiled_backends() -> Vec<&'static str> {
 /// # Ok::<(), rlx_collective::CollectiveError>(())
 /// ```
 pub fn init() -> Result<ProcessGroup> {
+    crate::install_debug_subscriber();
     let requested = std::env::var(BACKEND_VAR).ok();
     let name = match requested.as_deref().map(str::trim) {
         Some(name) if !name.is_empty() => name.to_ascii_lowercase(),

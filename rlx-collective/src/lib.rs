@@ -73,6 +73,7 @@ mod all_to_all;
 mod barrier;
 mod broadcast;
 pub mod conformance;
+mod debug_log;
 mod federated;
 mod gather;
 mod group;
@@ -89,6 +90,7 @@ mod scatter;
 pub mod select;
 mod split;
 
+pub use debug_log::{DEBUG_VAR, PREFIXED_VAR, install_debug_subscriber};
 pub use group::{ProcessGroup, WORLD_GROUP_ID};
 pub use handle::{AllReduceHandle, CollectiveHandle};
 pub use init::{BACKEND_VAR, compiled_backends, init};

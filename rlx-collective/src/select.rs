@@ -240,33 +240,53 @@ impl Settings {
 
     /// The all-reduce algorithm for `bytes` per rank on `world` ranks.
     pub(crate) fn all_reduce(&self, bytes: usize, world: u32) -> Algorithm {
-        match self.all_reduce {
+        let chosen = match self.all_reduce {
             Algorithm::Auto if bytes <= SMALL_MESSAGE_BYTES || world < 2 => {
                 Algorithm::RecursiveDoubling
             }
             Algorithm::Auto => Algorithm::Ring,
             forced => forced,
-        }
+        };
+        tracing::debug!(
+            bytes,
+            world,
+            algorithm = chosen.name(),
+            "chose the algorithm"
+        );
+        chosen
     }
 
     /// The all-gather algorithm for a gathered result of `total_bytes`.
     pub(crate) fn all_gather(&self, total_bytes: usize) -> Algorithm {
-        match self.all_gather {
+        let chosen = match self.all_gather {
             Algorithm::Auto if total_bytes <= SMALL_MESSAGE_BYTES => Algorithm::Bruck,
             Algorithm::Auto => Algorithm::Ring,
             forced => forced,
-        }
+        };
+        tracing::debug!(
+            total_bytes,
+            algorithm = chosen.name(),
+            "chose the algorithm"
+        );
+        chosen
     }
 
     /// The broadcast algorithm for `bytes` on `world` ranks.
     pub(crate) fn broadcast(&self, bytes: usize, world: u32) -> Algorithm {
-        match self.broadcast {
+        let chosen = match self.broadcast {
             Algorithm::Auto if bytes <= SMALL_MESSAGE_BYTES || world <= 2 => {
                 Algorithm::BinomialTree
             }
             Algorithm::Auto => Algorithm::PipelinedChain,
             forced => forced,
-        }
+        };
+        tracing::debug!(
+            bytes,
+            world,
+            algorithm = chosen.name(),
+            "chose the algorithm"
+        );
+        chosen
     }
 }
 

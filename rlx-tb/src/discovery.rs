@@ -120,7 +120,14 @@ impl Interface {
 /// The Thunderbolt links of this host: the OS code lists the interfaces and [`select_links`] picks
 /// them, with `RLX_TB_IFNAME` read from the environment.
 pub fn discover() -> Result<Vec<Interface>> {
-    select_links(&sys::list_interfaces()?, filter_from_env()?.as_ref())
+    let seen = sys::list_interfaces()?;
+    let filter = filter_from_env()?;
+    let chosen = select_links(&seen, filter.as_ref())?;
+    let seen: Vec<String> = seen.iter().map(Interface::describe).collect();
+    let names: Vec<&str> = chosen.iter().map(|i| i.name.as_str()).collect();
+    tracing::info!(links = ?names, filter = ?filter.map(|f| f.to_string()), "Thunderbolt links");
+    tracing::debug!(interfaces = ?seen, "interfaces seen");
+    Ok(chosen)
 }
 
 /// The `RLX_TB_IFNAME` filter, when the variable is set.

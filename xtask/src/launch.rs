@@ -187,7 +187,10 @@ fn from_hostfile(
     for (rank, host) in names.iter().enumerate() {
         let local_rank = names[..rank].iter().filter(|h| *h == host).count();
         let local_size = names.iter().filter(|h| *h == host).count();
-        let mut env: Vec<(String, String)> = vec![("RLX_BACKEND".into(), transport.name().into())];
+        let mut env: Vec<(String, String)> = vec![
+            ("RLX_BACKEND".into(), transport.name().into()),
+            (rlx_collective::PREFIXED_VAR.into(), "1".into()),
+        ];
         if transport == TransportKind::Mlx {
             // MLX's own ring backend reads a hostfile path.
             let path = std::fs::canonicalize(file).map_err(|e| format!("{origin}: {e}"))?;

@@ -68,8 +68,14 @@ fn main() -> ExitCode {
         Command::MacosCheck => macos::Toolchain::find().and_then(|t| macos::check(&t)),
         Command::TestCluster(args) => cluster::run(&args),
         Command::Bench(args) => bench::run(&args),
-        Command::Rank(args) => cluster::worker::run(&args),
-        Command::BenchRank(args) => bench::worker::run(&args),
+        Command::Rank(args) => {
+            rlx_collective::install_debug_subscriber();
+            cluster::worker::run(&args)
+        }
+        Command::BenchRank(args) => {
+            rlx_collective::install_debug_subscriber();
+            bench::worker::run(&args)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

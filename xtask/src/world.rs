@@ -239,7 +239,9 @@ impl World {
             TransportKind::Mem => "ranks".to_owned(),
             _ => format!("rank {index}"),
         };
-        let mut spec = ChildSpec::new(label, program).args(args);
+        let mut spec = ChildSpec::new(label, program)
+            .args(args)
+            .env(rlx_collective::PREFIXED_VAR, "1");
         spec.env_remove = LAUNCH_VARIABLES.iter().map(|v| (*v).to_owned()).collect();
         let size = self.config.size.to_string();
         if let Some(ms) = self.config.timeout_ms {

@@ -47,6 +47,8 @@ impl ProcessGroup {
         body: impl FnOnce(&OpCtx<'_>) -> Result<T>,
     ) -> Result<T> {
         let shared = &self.shared;
+        let _span = tracing::debug_span!("op", group = id.group, seq = id.seq, op = id.kind.name())
+            .entered();
         let ctx = self.context(id);
         // Until the body runs, nothing of it releases the operation's place in the one-sided
         // queue, so an operation that ends early releases it here.
@@ -66,7 +68,10 @@ impl ProcessGroup {
             return Err(error);
         }
         match std::panic::catch_unwind(AssertUnwindSafe(|| body(&ctx))) {
-            Ok(result) => result.inspect_err(|error| ctx.notify_failure(error)),
+            Ok(result) => result.inspect_err(|error| {
+                tracing::warn!(%error, "operation failed");
+                ctx.notify_failure(error);
+            }),
             Err(panic) => {
                 ctx.notify_failure(&CollectiveError::Aborted);
                 std::panic::resume_unwind(panic)

@@ -45,9 +45,11 @@ impl Drop for InFlight<'_> {
 
 pub(super) fn log_refusal(rank: u32, from: Option<SocketAddr>, refusal: &Refusal) {
     let from = from.map_or_else(|| "an unknown address".to_owned(), |a| a.to_string());
-    eprintln!(
-        "rlx-net: rank {rank} refused a connection from {from}: {}",
-        refusal.reason
+    tracing::warn!(
+        rank,
+        %from,
+        reason = %refusal.reason,
+        "refused a connection"
     );
 }
 

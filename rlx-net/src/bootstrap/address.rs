@@ -68,7 +68,10 @@ pub(super) fn choose_ip(
             .find(|(_, ip)| ip.is_ipv6() == want_v6)
             .or_else(|| all.iter().find(|(name, _)| filter.matches(name)));
         return match pick {
-            Some((_, ip)) => Ok((*ip, *ip)),
+            Some((name, ip)) => {
+                tracing::debug!(interface = %name, %ip, "RLX_SOCKET_IFNAME={filter} chose the address");
+                Ok((*ip, *ip))
+            }
             None => {
                 let seen: Vec<String> = all.iter().map(|(n, ip)| format!("{n} ({ip})")).collect();
                 Err(CollectiveError::config(format!(
@@ -85,6 +88,11 @@ pub(super) fn choose_ip(
         if let Ok(udp) = UdpSocket::bind(bind) {
             if udp.connect(target).is_ok() {
                 if let Ok(local) = udp.local_addr() {
+                    tracing::debug!(
+                        advertised = %local.ip(),
+                        store = %target,
+                        "advertising the local end of the route to the store"
+                    );
                     return Ok((unspecified(local.ip()), local.ip()));
                 }
             }

@@ -60,6 +60,7 @@ pub(super) fn connect_retrying(
         let now = Instant::now();
         let left = deadline.saturating_duration_since(now);
         if left.is_zero() {
+            tracing::warn!(peer, %addr, ?after, "gave up connecting");
             return Err(CollectiveError::Timeout {
                 peer: Some(peer),
                 op: "connect",
@@ -87,6 +88,7 @@ pub(super) fn connect_retrying(
                         | io::ErrorKind::Interrupted
                 ) =>
             {
+                tracing::trace!(peer, %addr, error = %e, ?pause, "connect failed; retrying");
                 std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
                 pause = (pause * 2).min(BACKOFF_MAX);
             }

@@ -56,7 +56,10 @@ pub(crate) fn establish(cfg: &BootConfig) -> Result<Established, CollectiveError
             addrs: vec![None],
         });
     }
-    let deadline = Instant::now() + cfg.connect_timeout;
+    let started = Instant::now();
+    let deadline = started + cfg.connect_timeout;
+    let _span = tracing::info_span!("bootstrap", rank = cfg.rank, world = cfg.world).entered();
+    tracing::debug!(rendezvous = ?cfg.rendezvous, links = cfg.links, "joining");
     let instance = u64::from_le_bytes(random_bytes::<8>()?);
     let (listeners, table, instances) = match &cfg.rendezvous {
         Rendezvous::Hostfile(entries) => {
@@ -159,6 +162,8 @@ pub(crate) fn establish(cfg: &BootConfig) -> Result<Established, CollectiveError
             }
             links[rank].push(stream);
         }
+        tracing::debug!(peer = rank, addr = ?addrs[rank], links = cfg.links, "link up");
     }
+    tracing::info!(elapsed = ?started.elapsed(), "every link is up");
     Ok(Established { links, addrs })
 }

@@ -121,11 +121,16 @@ impl Hub {
         }
         st.aborted = true;
         self.aborted.store(true, Ordering::SeqCst);
+        tracing::info!("transport aborted: every blocked call fails with Aborted");
         true
     }
 
     /// Marks `peer` lost, shuts its connections down and wakes everyone.
     pub(crate) fn lose<L: Links>(&self, links: &L, peer: u32, lost: Lost) {
+        match &lost {
+            Lost::Gone(reason) => tracing::warn!(peer, %reason, "peer lost"),
+            Lost::Protocol(detail) => tracing::warn!(peer, %detail, "peer broke the protocol"),
+        }
         lock(&self.state).mark_lost(peer, lost);
         links.shut_down(peer);
         self.wake();

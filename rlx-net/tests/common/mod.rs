@@ -25,6 +25,14 @@ pub(crate) type Test = (&'static str, fn());
 /// (filters, `--exact`, `--list`, `--ignored`, ...) and exits with libtest's conventions.
 pub(crate) fn run(tests: &[Test], worker: fn(&str) -> Result<(), String>) -> ! {
     if let Ok(role) = std::env::var(ROLE) {
+        // The transport's warnings (refusals, lost peers) go to stderr, where tests read them.
+        let filter = tracing_subscriber::EnvFilter::try_from_env("RLX_DEBUG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .init();
         match worker(&role) {
             Ok(()) => std::process::exit(0),
             Err(e) => {

@@ -1,0 +1,122 @@
+//! The `RLX_DEBUG` switch: a rank-prefixed stderr subscriber for the `tracing` diagnostics of
+//! every RLX crate, installed by [`init`](crate::init()) (and by launchers' ranks) when the
+//! variable is set.
+//!
+//! The libraries themselves never install a subscriber. This one is installed only when the
+//! program asks for it through the environment, and never over a subscriber the program
+//! installed itself.
+
+use std::io::Write;
+
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::MakeWriter;
+
+/// The environment variable that turns the diagnostics on, in `tracing-subscriber`'s
+/// `EnvFilter` syntax: `RLX_DEBUG=info`, `RLX_DEBUG=rlx_net=debug,info`, ...
+pub const DEBUG_VAR: &str = "RLX_DEBUG";
+
+/// Set by a launcher that prefixes every line of a rank's output with the rank itself (as
+/// `cargo xtask launch` and `test-cluster` do), so that the lines are not prefixed twice.
+pub const PREFIXED_VAR: &str = "RLX_OUTPUT_PREFIXED";
+
+/// Installs the stderr subscriber when `RLX_DEBUG` is set and no global subscriber exists yet,
+/// prefixing every line with `[rank R]` (the rank that the launch environment names, or `?`)
+/// unless `RLX_OUTPUT_PREFIXED` says the launcher does that already.
+/// Returns whether it installed one. Call it once, early; [`init`](crate::init()) does.
+///
+/// An unparsable `RLX_DEBUG` still installs the subscriber, at `info`, and says so, so that
+/// a typo never silences the diagnostics a user asked for.
+pub fn install_debug_subscriber() -> bool {
+    let Ok(directives) = std::env::var(DEBUG_VAR) else {
+        return false;
+    };
+    let (filter, bad) = match EnvFilter::try_new(directives.trim()) {
+        Ok(filter) => (filter, None),
+        Err(e) => (EnvFilter::new("info"), Some(e)),
+    };
+    let prefix = if std::env::var_os(PREFIXED_VAR).is_some() {
+        String::new()
+    } else {
+        let rank = rlx_transport::LaunchEnv::from_env()
+            .map_or_else(|_| "?".to_owned(), |env| env.rank.to_string());
+        format!("[rank {rank}] ")
+    };
+    let installed = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .with_writer(RankPrefixed { prefix })
+        .try_init()
+        .is_ok();
+    if let (true, Some(e)) = (installed, bad) {
+        tracing::warn!("{DEBUG_VAR}={directives:?} is not a filter ({e}); showing info");
+    }
+    installed
+}
+
+/// Writes every formatted event to stderr in one piece, after the rank prefix, so that the
+/// lines of several ranks sharing a terminal never interleave mid-line.
+#[derive(Debug)]
+struct RankPrefixed {
+    prefix: String,
+}
+
+impl<'a> MakeWriter<'a> for RankPrefixed {
+    type Writer = PrefixedLine<'a>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        PrefixedLine {
+            prefix: &self.prefix,
+            line: Vec::new(),
+        }
+    }
+}
+
+/// One event's text, written out with its prefix when dropped.
+#[derive(Debug)]
+struct PrefixedLine<'a> {
+    prefix: &'a str,
+    line: Vec<u8>,
+}
+
+impl Write for PrefixedLine<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.line.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for PrefixedLine<'_> {
+    fn drop(&mut self) {
+        if self.line.is_empty() {
+            return;
+        }
+        let mut out = Vec::with_capacity(self.prefix.len() + self.line.len());
+        out.extend_from_slice(self.prefix.as_bytes());
+        out.extend_from_slice(&self.line);
+        // Diagnostics must never fail the program; a closed stderr loses them.
+        let _ = std::io::stderr().lock().write_all(&out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_is_buffered_whole_until_it_is_written() {
+        let writer = RankPrefixed {
+            prefix: "[rank 3] ".to_owned(),
+        };
+        let mut line = writer.make_writer();
+        line.write_all(b"INFO first half, ").unwrap();
+        line.write_all(b"second half\n").unwrap();
+        assert_eq!(line.prefix, "[rank 3] ");
+        assert_eq!(line.line, b"INFO first half, second half\n");
+        // Dropping it writes the prefixed line to stderr in one call.
+        drop(line);
+    }
+}
