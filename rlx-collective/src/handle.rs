@@ -26,7 +26,7 @@ enum State<T> {
 
 /// The handle [`ProcessGroup::spawn_all_reduce`](crate::ProcessGroup::spawn_all_reduce)
 /// returns.
-pub type AllReduceHandle = CollectiveHandle<Vec<f32>>;
+pub type AllReduceHandle<T = f32> = CollectiveHandle<Vec<T>>;
 
 impl<T> CollectiveHandle<T> {
     pub(crate) fn new(

@@ -95,8 +95,8 @@ pub use group::{ProcessGroup, WORLD_GROUP_ID};
 pub use handle::{AllReduceHandle, CollectiveHandle};
 pub use init::{BACKEND_VAR, compiled_backends, init};
 pub use rlx_transport::{
-    CollectiveError, DEFAULT_OP_TIMEOUT, DType, FAILURE_WIRE_LEN, Failure, FatalCause, Inbox,
-    MemTransport, NativeCollectives, NativeOp, ReduceKind, Result, TAG_RESERVED_BASE,
+    CollectiveError, DEFAULT_OP_TIMEOUT, DType, Element, FAILURE_WIRE_LEN, Failure, FatalCause,
+    Inbox, MemTransport, NativeCollectives, NativeOp, ReduceKind, Result, TAG_RESERVED_BASE,
     TRANSPORT_GROUP, Tag, Transport, negotiate_reduce_dtype,
 };
 pub use select::{Algorithm, CollectiveOp};

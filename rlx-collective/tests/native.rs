@@ -101,13 +101,13 @@ fn native_collectives_serve_the_world_group_only() {
                     x.iter()
                         .all(|v| v.to_bits() == u32::from_ne_bytes([MARK; 4]))
                 );
-                let g = group.all_gather(&[1.0, 2.0])?;
+                let g = group.all_gather(&[1.0f32, 2.0])?;
                 assert_eq!(g.len(), 8);
                 assert!(
                     g.iter()
                         .all(|v| v.to_bits() == u32::from_ne_bytes([MARK; 4]))
                 );
-                let block = group.reduce_scatter(&[1.0; 8], ReduceKind::Sum)?;
+                let block = group.reduce_scatter(&[1.0f32; 8], ReduceKind::Sum)?;
                 assert_eq!(block.len(), 2);
                 assert_eq!(native.calls.load(Ordering::SeqCst), 3);
 

@@ -4,7 +4,8 @@
 //!   deadlines, abort and lost-peer detection; every backend implements it and the collectives
 //!   in `rlx-collective` see nothing else.
 //! - [`CollectiveError`]: the one error type; [`DType`] and [`ReduceKind`]: what travels and how
-//!   it is combined; [`Tag`] and [`TAG_RESERVED_BASE`]: the tag space.
+//!   it is combined, and [`Element`] the Rust types that travel as each dtype; [`Tag`] and
+//!   [`TAG_RESERVED_BASE`]: the tag space.
 //! - [`MemTransport`]: ranks as threads of one process, built on the shared [`Inbox`].
 //! - [`SymmetricTransport`] (module [`symmetric`]): one-sided put/get/atomics on a symmetric
 //!   heap, provided for any transport by [`Symmetric`].
@@ -29,6 +30,7 @@
 
 pub mod bootstrap;
 mod dtype;
+mod element;
 mod error;
 pub mod ifname;
 pub mod inbox;
@@ -42,6 +44,7 @@ mod transport;
 
 pub use bootstrap::{LaunchEnv, Rendezvous};
 pub use dtype::{DType, ReduceKind, negotiate_reduce_dtype};
+pub use element::Element;
 pub use error::{CollectiveError, FatalCause, Result};
 pub use inbox::Inbox;
 pub use mem::MemTransport;

@@ -1,17 +1,25 @@
-//! The collectives of a group: for each, the `f32` form, the `*_typed` form on raw
-//! little-endian elements of any [`DType`] and the non-blocking `spawn_*` form, each a thin
-//! wrapper that issues the operation and hands its context to the algorithm module.
+//! The collectives of a group: for each, the form generic over the [`Element`] types (which
+//! keeps the original `f32` calls as they were), the `*_typed` form on raw little-endian
+//! elements of a [`DType`] known only at run time, and the non-blocking `spawn_*` forms, each a
+//! thin wrapper over one implementation that issues the operation and hands its context to the
+//! algorithm module.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{ProcessGroup, f32_bytes, f32_bytes_mut, f32s_from_le, gathered_len};
+use super::{ProcessGroup, gathered_len};
 use crate::federated;
 use crate::handle::{AllReduceHandle, CollectiveHandle};
 use crate::health::FailureScope;
 use crate::op::{OpId, OpKind};
 use crate::select::CollectiveOp;
-use crate::{CollectiveError, DType, ReduceKind, Result};
+use crate::{CollectiveError, DType, Element, ReduceKind, Result};
+
+/// The elements of `bytes`, whose length the operation already checked is a whole number of
+/// `T`s (a copy: `bytes` need not be aligned for `T`).
+fn elements<T: Element>(bytes: &[u8]) -> Vec<T> {
+    bytemuck::pod_collect_to_vec(bytes)
+}
 
 impl ProcessGroup {
     /// Returns once every member has entered the barrier (dissemination algorithm).
@@ -46,8 +54,8 @@ impl ProcessGroup {
     /// assert_eq!(t.join().unwrap()?, [2.0, 3.0]);
     /// # Ok::<(), rlx_collective::CollectiveError>(())
     /// ```
-    pub fn all_reduce(&self, data: &mut [f32], op: ReduceKind) -> Result<()> {
-        self.all_reduce_typed(f32_bytes_mut(data), DType::F32, op)
+    pub fn all_reduce<T: Element>(&self, data: &mut [T], op: ReduceKind) -> Result<()> {
+        self.all_reduce_typed(bytemuck::cast_slice_mut(data), T::DTYPE, op)
     }
 
     /// [`ProcessGroup::all_reduce`] on raw little-endian `dtype` elements.
@@ -59,14 +67,28 @@ impl ProcessGroup {
 
     /// Non-blocking [`ProcessGroup::all_reduce`]: issued now, run on its own thread;
     /// `join()` returns the reduced buffer.
-    pub fn spawn_all_reduce(self: &Arc<Self>, data: Vec<f32>, op: ReduceKind) -> AllReduceHandle {
-        self.as_ref().spawn_all_reduce_f32(data, op)
+    pub fn spawn_all_reduce<T: Element>(
+        self: &Arc<Self>,
+        data: Vec<T>,
+        op: ReduceKind,
+    ) -> AllReduceHandle<T> {
+        self.as_ref().spawn_all_reduce_of(data, op)
     }
 
-    /// [`ProcessGroup::spawn_all_reduce`] on a plain (non-`Arc`) group handle.
-    pub fn spawn_all_reduce_f32(&self, mut data: Vec<f32>, op: ReduceKind) -> AllReduceHandle {
+    /// [`ProcessGroup::spawn_all_reduce`] of `f32`s on a plain (non-`Arc`) group handle.
+    pub fn spawn_all_reduce_f32(&self, data: Vec<f32>, op: ReduceKind) -> AllReduceHandle {
+        self.spawn_all_reduce_of(data, op)
+    }
+
+    /// [`ProcessGroup::spawn_all_reduce`] on a plain (non-`Arc`) group handle, for any
+    /// [`Element`] type.
+    pub fn spawn_all_reduce_of<T: Element>(
+        &self,
+        mut data: Vec<T>,
+        op: ReduceKind,
+    ) -> AllReduceHandle<T> {
         self.spawn(CollectiveOp::AllReduce, move |ctx| {
-            crate::all_reduce::run(ctx, f32_bytes_mut(&mut data), DType::F32, op)?;
+            crate::all_reduce::run(ctx, bytemuck::cast_slice_mut(&mut data), T::DTYPE, op)?;
             Ok(data)
         })
     }
@@ -86,8 +108,8 @@ impl ProcessGroup {
 
     /// Reduces every rank's `data` into `root`'s `data`; the other ranks' buffers are left
     /// unchanged.
-    pub fn reduce(&self, root: u32, data: &mut [f32], op: ReduceKind) -> Result<()> {
-        self.reduce_typed(root, f32_bytes_mut(data), DType::F32, op)
+    pub fn reduce<T: Element>(&self, root: u32, data: &mut [T], op: ReduceKind) -> Result<()> {
+        self.reduce_typed(root, bytemuck::cast_slice_mut(data), T::DTYPE, op)
     }
 
     /// [`ProcessGroup::reduce`] on raw little-endian `dtype` elements.
@@ -121,9 +143,9 @@ impl ProcessGroup {
     /// Reduces every rank's `data` and returns this rank's block of the result: with `c`
     /// elements on `n` ranks, rank `i` gets elements `i*c/n .. (i+1)*c/n` (blocks differ by
     /// at most one element when `n` does not divide `c`).
-    pub fn reduce_scatter(&self, data: &[f32], op: ReduceKind) -> Result<Vec<f32>> {
-        let bytes = self.reduce_scatter_typed(f32_bytes(data), DType::F32, op)?;
-        Ok(f32s_from_le(&bytes))
+    pub fn reduce_scatter<T: Element>(&self, data: &[T], op: ReduceKind) -> Result<Vec<T>> {
+        let bytes = self.reduce_scatter_typed(bytemuck::cast_slice(data), T::DTYPE, op)?;
+        Ok(elements(&bytes))
     }
 
     /// [`ProcessGroup::reduce_scatter`] on raw little-endian `dtype` elements.
@@ -152,8 +174,8 @@ impl ProcessGroup {
 
     /// Gathers every rank's `local` on every rank, in rank order. All ranks pass the same
     /// length.
-    pub fn all_gather(&self, local: &[f32]) -> Result<Vec<f32>> {
-        let mut out = vec![0f32; gathered_len(local.len(), self.world_size())?];
+    pub fn all_gather<T: Element>(&self, local: &[T]) -> Result<Vec<T>> {
+        let mut out = vec![T::zeroed(); gathered_len(local.len(), self.world_size())?];
         self.all_gather_into(local, &mut out)?;
         Ok(out)
     }
@@ -162,8 +184,12 @@ impl ProcessGroup {
     /// elements: a loop that gathers the same sizes again and again allocates nothing. An
     /// `out` of another length is [`CollectiveError::InvalidArgument`] on this rank and fails
     /// the operation on the others.
-    pub fn all_gather_into(&self, local: &[f32], out: &mut [f32]) -> Result<()> {
-        self.all_gather_typed_into(f32_bytes(local), f32_bytes_mut(out), DType::F32)
+    pub fn all_gather_into<T: Element>(&self, local: &[T], out: &mut [T]) -> Result<()> {
+        self.all_gather_typed_into(
+            bytemuck::cast_slice(local),
+            bytemuck::cast_slice_mut(out),
+            T::DTYPE,
+        )
     }
 
     /// [`ProcessGroup::all_gather`] on raw little-endian `dtype` elements.
@@ -204,9 +230,9 @@ impl ProcessGroup {
 
     /// Gathers every rank's `local` on `root` in rank order: `Some` on the root, `None`
     /// elsewhere. All ranks pass the same length.
-    pub fn gather(&self, root: u32, local: &[f32]) -> Result<Option<Vec<f32>>> {
-        let bytes = self.gather_typed(root, f32_bytes(local), DType::F32)?;
-        Ok(bytes.map(|b| f32s_from_le(&b)))
+    pub fn gather<T: Element>(&self, root: u32, local: &[T]) -> Result<Option<Vec<T>>> {
+        let bytes = self.gather_typed(root, bytemuck::cast_slice(local), T::DTYPE)?;
+        Ok(bytes.map(|b| elements(&b)))
     }
 
     /// [`ProcessGroup::gather`] on raw little-endian `dtype` elements.
@@ -230,8 +256,13 @@ impl ProcessGroup {
 
     /// Sends block `i` of `root`'s `send` (world_size blocks of `recv.len()` elements) to rank
     /// `i`'s `recv`; `send` is only read on the root (pass `&[]` elsewhere).
-    pub fn scatter(&self, root: u32, send: &[f32], recv: &mut [f32]) -> Result<()> {
-        self.scatter_typed(root, f32_bytes(send), f32_bytes_mut(recv), DType::F32)
+    pub fn scatter<T: Element>(&self, root: u32, send: &[T], recv: &mut [T]) -> Result<()> {
+        self.scatter_typed(
+            root,
+            bytemuck::cast_slice(send),
+            bytemuck::cast_slice_mut(recv),
+            T::DTYPE,
+        )
     }
 
     /// [`ProcessGroup::scatter`] on raw little-endian `dtype` elements.
@@ -264,8 +295,8 @@ impl ProcessGroup {
     }
 
     /// Copies `root`'s `data` into every rank's `data`. All ranks pass the same length.
-    pub fn broadcast(&self, root: u32, data: &mut [f32]) -> Result<()> {
-        self.broadcast_typed(root, f32_bytes_mut(data), DType::F32)
+    pub fn broadcast<T: Element>(&self, root: u32, data: &mut [T]) -> Result<()> {
+        self.broadcast_typed(root, bytemuck::cast_slice_mut(data), T::DTYPE)
     }
 
     /// [`ProcessGroup::broadcast`] on raw little-endian `dtype` elements.
@@ -290,9 +321,9 @@ impl ProcessGroup {
 
     /// Splits `send` into world_size equal blocks and sends block `j` to rank `j`; returns the
     /// blocks received, block `i` from rank `i`.
-    pub fn all_to_all(&self, send: &[f32]) -> Result<Vec<f32>> {
-        let bytes = self.all_to_all_typed(f32_bytes(send), DType::F32)?;
-        Ok(f32s_from_le(&bytes))
+    pub fn all_to_all<T: Element>(&self, send: &[T]) -> Result<Vec<T>> {
+        let bytes = self.all_to_all_typed(bytemuck::cast_slice(send), T::DTYPE)?;
+        Ok(elements(&bytes))
     }
 
     /// [`ProcessGroup::all_to_all`] on raw little-endian `dtype` elements.

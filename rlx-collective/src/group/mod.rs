@@ -110,22 +110,6 @@ impl fmt::Debug for ProcessGroup {
     }
 }
 
-fn f32_bytes(data: &[f32]) -> &[u8] {
-    bytemuck::cast_slice(data)
-}
-
-fn f32_bytes_mut(data: &mut [f32]) -> &mut [u8] {
-    bytemuck::cast_slice_mut(data)
-}
-
-/// Little-endian `f32`s from bytes whose length is already known to be a multiple of 4.
-fn f32s_from_le(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
 /// Length of `len` elements gathered from `world` ranks, refused when it overflows.
 fn gathered_len(len: usize, world: u32) -> Result<usize> {
     len.checked_mul(world as usize).ok_or_else(|| {

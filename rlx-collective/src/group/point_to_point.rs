@@ -1,9 +1,9 @@
 //! Point-to-point messages between two members of a group, under user tags: they run outside
 //! the group's sequence, but watch for the group's failure like every collective does.
 
-use super::{ProcessGroup, f32_bytes, f32s_from_le};
+use super::ProcessGroup;
 use crate::health::{FailureScope, NOTICE_SLICE, Watch};
-use crate::{CollectiveError, DType, Result, Tag};
+use crate::{CollectiveError, DType, Element, Result, Tag};
 
 impl ProcessGroup {
     /// The failure watch of this group's point-to-point calls.
@@ -23,13 +23,71 @@ impl ProcessGroup {
     /// [`TAG_RESERVED_BASE`](crate::TAG_RESERVED_BASE)). User tags are per pair of world
     /// ranks, shared by every group of the family.
     pub fn send_f32(&self, to: u32, tag: u32, data: &[f32]) -> Result<()> {
-        self.send_typed(to, tag, f32_bytes(data), DType::F32)
+        self.send(to, tag, data)
     }
 
     /// Receives the next `f32` message from group rank `from` under the user tag `tag`,
     /// waiting at most the transport's operation timeout.
     pub fn recv_f32(&self, from: u32, tag: u32) -> Result<Vec<f32>> {
-        Ok(f32s_from_le(&self.recv_typed(from, tag, DType::F32)?))
+        self.recv(from, tag)
+    }
+
+    /// Sends the elements of `data` to group rank `to` under the user tag `tag` (below
+    /// [`TAG_RESERVED_BASE`](crate::TAG_RESERVED_BASE)); they travel as `T::DTYPE`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use rlx_collective::{MemTransport, ProcessGroup, Transport};
+    ///
+    /// let world: Vec<ProcessGroup> = MemTransport::fan_out(2)
+    ///     .into_iter()
+    ///     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>))
+    ///     .collect();
+    /// // A pipeline stage hands its hidden states to the next one.
+    /// world[0].send(1, 7, &[half::bf16::from_f32(0.5); 4])?;
+    /// let hidden: Vec<half::bf16> = world[1].recv(0, 7)?;
+    /// assert_eq!(hidden, [half::bf16::from_f32(0.5); 4]);
+    /// # Ok::<(), rlx_collective::CollectiveError>(())
+    /// ```
+    pub fn send<T: Element>(&self, to: u32, tag: u32, data: &[T]) -> Result<()> {
+        self.send_typed(to, tag, bytemuck::cast_slice(data), T::DTYPE)
+    }
+
+    /// Receives the next message from group rank `from` under the user tag `tag` as `T`s,
+    /// waiting at most the transport's operation timeout; a length that is not a whole number
+    /// of `T`s is a protocol error.
+    pub fn recv<T: Element>(&self, from: u32, tag: u32) -> Result<Vec<T>> {
+        let bytes = self.recv_typed(from, tag, T::DTYPE)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// Receives the next message from group rank `from` under the user tag `tag` into `buf`
+    /// (no allocation where the transport lands messages in place) and returns how many
+    /// elements arrived. A message longer than `buf` is [`CollectiveError::LengthMismatch`];
+    /// one that is not a whole number of `T`s is a protocol error.
+    pub fn recv_into<T: Element>(&self, from: u32, tag: u32, buf: &mut [T]) -> Result<usize> {
+        let tag = Tag::user(tag)?;
+        let peer = self.world_peer(from)?;
+        let after = self.shared.transport.op_timeout();
+        let watch = self.watch();
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
+        let len = watch
+            .wait(after, NOTICE_SLICE, |deadline| {
+                self.shared
+                    .transport
+                    .recv_message_into(peer, tag, bytes, deadline)
+            })
+            .and_then(|got| {
+                got.ok_or(CollectiveError::Timeout {
+                    peer: Some(peer),
+                    op: "recv",
+                    after,
+                })
+            })
+            .inspect_err(|error| watch.on_failure(error))?;
+        whole_elements(peer, len, T::DTYPE)
     }
 
     /// Sends the `dtype` elements in `data` to group rank `to` under the user tag `tag`.
@@ -64,15 +122,19 @@ impl ProcessGroup {
                 })
             })
             .inspect_err(|error| watch.on_failure(error))?;
-        if bytes.len() % dtype.size() != 0 {
-            return Err(CollectiveError::protocol(
-                Some(peer),
-                format!(
-                    "message of {} bytes is not a whole number of {dtype} elements",
-                    bytes.len()
-                ),
-            ));
-        }
+        whole_elements(peer, bytes.len(), dtype)?;
         Ok(bytes)
     }
+}
+
+/// The number of `dtype` elements in a message of `len` bytes from world rank `peer`, or the
+/// protocol error when it is not a whole number.
+fn whole_elements(peer: u32, len: usize, dtype: DType) -> Result<usize> {
+    if len % dtype.size() != 0 {
+        return Err(CollectiveError::protocol(
+            Some(peer),
+            format!("message of {len} bytes is not a whole number of {dtype} elements"),
+        ));
+    }
+    Ok(len / dtype.size())
 }
