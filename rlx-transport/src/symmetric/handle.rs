@@ -59,8 +59,8 @@ pub(crate) enum HandleState<T> {
     Pending(Pending),
 }
 
-/// The handle of a non-blocking put of a [`Symmetric`] transport. Dropping it without waiting
-/// is fine: [`SymmetricTransport::quiet`] still waits for the put and then reports its
+/// The handle of a non-blocking put of a [`Symmetric`](super::Symmetric) transport. Dropping it without waiting
+/// is fine: [`SymmetricTransport::quiet`](super::SymmetricTransport::quiet) still waits for the put and then reports its
 /// failure; a handle that is held reports the failure itself.
 #[derive(Debug)]
 pub struct PutHandle {
@@ -94,7 +94,7 @@ impl Completion for PutHandle {
     }
 }
 
-/// The handle of a non-blocking get of a [`Symmetric`] transport.
+/// The handle of a non-blocking get of a [`Symmetric`](super::Symmetric) transport.
 #[derive(Debug)]
 pub struct GetHandle {
     pub(crate) state: HandleState<Vec<u8>>,
