@@ -6,7 +6,9 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 
 use super::{ProcessGroup, WORLD_GROUP_ID};
-use crate::handle::CollectiveHandle;
+use std::sync::Arc;
+
+use crate::handle::{CollectiveHandle, ResultSlot};
 use crate::health::FailureScope;
 use crate::op::{OpCtx, OpId, OpKind};
 use crate::{CollectiveError, Result};
@@ -89,7 +91,7 @@ impl ProcessGroup {
         self.execute(id, body)
     }
 
-    /// Issues operation `kind` on this thread and runs it on a thread of its own.
+    /// Issues operation `kind` on this thread and queues it on the group's progress worker.
     pub(super) fn spawn<T: Send + 'static>(
         &self,
         kind: impl Into<OpKind>,
@@ -97,11 +99,32 @@ impl ProcessGroup {
     ) -> CollectiveHandle<T> {
         let id = self.issue(kind.into());
         let name = id.kind.name();
+        let rank = self.shared.rank;
         let group = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("rlx-{name}"))
-            .spawn(move || group.execute(id, body));
-        if spawned.is_err() {
+        let slot = ResultSlot::new();
+        let filled = Arc::clone(&slot);
+        let job = Box::new(move || {
+            let result = std::panic::catch_unwind(AssertUnwindSafe(|| group.execute(id, body)))
+                .unwrap_or_else(|payload| {
+                    let why = payload
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| payload.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".to_owned());
+                    Err(CollectiveError::PeerFailed {
+                        peer: rank,
+                        detail: format!("{name} panicked: {why}"),
+                    })
+                });
+            // The group clone goes first: dropping the last one ends the worker.
+            drop(group);
+            filled.fill(result);
+        });
+        let submitted = self
+            .shared
+            .worker
+            .submit(&format!("rlx-group-{}", self.shared.group_id), job);
+        if let Err(source) = submitted {
             // The operation was issued but will not run here: its peers must not wait for it.
             let shared = &self.shared;
             shared.one_sided.release(id.seq);
@@ -111,8 +134,9 @@ impl ProcessGroup {
             // An operation that never runs leaves its peers' matching broken for good: that
             // is a fatal failure of the group, announced as one.
             self.context(id).notify_failure(&CollectiveError::Aborted);
+            return CollectiveHandle::failed(CollectiveError::Io { peer: None, source });
         }
-        CollectiveHandle::new(spawned, name, self.shared.rank)
+        CollectiveHandle::running(slot)
     }
 
     /// The context of operation `id` on this group.

@@ -7,11 +7,13 @@
 //!
 //! This file holds the type, its construction (`new`, `split`) and its settings; the rest of
 //! its methods live by theme: `execute.rs` issues and runs operations, `point_to_point.rs`
-//! sends and receives under user tags, `collectives.rs` wraps every collective.
+//! sends and receives under user tags, `collectives.rs` wraps every collective, and
+//! `worker.rs` runs the non-blocking ones.
 
 mod collectives;
 mod execute;
 mod point_to_point;
+mod worker;
 
 use std::fmt;
 use std::sync::Arc;
@@ -27,6 +29,7 @@ use crate::op::OpKind;
 use crate::select::{Algorithm, CollectiveOp, Settings};
 use crate::split::{self, GroupIds, Record};
 use crate::{CollectiveError, DType, Result, Transport};
+use worker::Worker;
 
 /// The group id of the world group every family starts from.
 pub const WORLD_GROUP_ID: u16 = 1;
@@ -97,6 +100,8 @@ struct Shared {
     issue_order: Option<IssueOrder>,
     /// Whether a fatal failure has made the group unusable (see the `health` module).
     health: Health,
+    /// Runs the non-blocking operations.
+    worker: Worker,
 }
 
 impl fmt::Debug for ProcessGroup {
@@ -169,6 +174,7 @@ impl ProcessGroup {
                 issue_order: (group_id == WORLD_GROUP_ID && transport_has_native)
                     .then(IssueOrder::default),
                 health: Health::default(),
+                worker: Worker::default(),
             }),
         }
     }
