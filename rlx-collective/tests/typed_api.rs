@@ -83,17 +83,66 @@ fn compare_on<T: Element>(group: &ProcessGroup) -> Result<(), CollectiveError> {
     let mut raw = vec![0u8; 3 * dtype.size()];
     group.scatter_typed(0, &send_raw, &mut raw, dtype)?;
     assert_eq!(as_bytes(&typed), raw, "{}", what("scatter"));
+    let raw_scatter = raw;
 
     let mut typed = values.clone();
     group.broadcast(2, &mut typed)?;
     let mut raw = bytes.clone();
     group.broadcast_typed(2, &mut raw, dtype)?;
     assert_eq!(as_bytes(&typed), raw, "{}", what("broadcast"));
+    let raw_broadcast = raw;
 
     let blocks: Vec<T> = bytemuck::pod_collect_to_vec(&encoded(dtype, me, 2 * world as usize));
     let typed = group.all_to_all(&blocks)?;
     let raw = group.all_to_all_typed(&as_bytes(&blocks), dtype)?;
     assert_eq!(as_bytes(&typed), raw, "{}", what("all_to_all"));
+    let raw_all_to_all = raw;
+
+    // The non-blocking forms give what the blocking ones gave.
+    let mut reduced = values.clone();
+    group.reduce(0, &mut reduced, ReduceKind::Sum)?;
+    let spawned = group
+        .spawn_reduce(0, values.clone(), ReduceKind::Sum)
+        .join()?;
+    assert_eq!(
+        as_bytes(&spawned),
+        as_bytes(&reduced),
+        "{}",
+        what("spawn_reduce")
+    );
+    let blocking = group.reduce_scatter(&values, ReduceKind::Sum)?;
+    let spawned = group
+        .spawn_reduce_scatter(values.clone(), ReduceKind::Sum)
+        .join()?;
+    assert_eq!(
+        as_bytes(&spawned),
+        as_bytes(&blocking),
+        "{}",
+        what("spawn_reduce_scatter")
+    );
+    let spawned = group.spawn_all_gather(values.clone()).join()?;
+    assert_eq!(as_bytes(&spawned), group.all_gather_typed(&bytes, dtype)?);
+    let spawned = group.spawn_gather(2, values.clone()).join()?;
+    assert_eq!(
+        spawned.map(|t| as_bytes(&t)),
+        group.gather_typed(2, &bytes, dtype)?
+    );
+    let spawned = group.spawn_scatter(0, send.to_vec(), 3).join()?;
+    assert_eq!(as_bytes(&spawned), raw_scatter, "{}", what("spawn_scatter"));
+    let spawned = group.spawn_broadcast(2, values.clone()).join()?;
+    assert_eq!(
+        as_bytes(&spawned),
+        raw_broadcast,
+        "{}",
+        what("spawn_broadcast")
+    );
+    let spawned = group.spawn_all_to_all(blocks.clone()).join()?;
+    assert_eq!(
+        as_bytes(&spawned),
+        raw_all_to_all,
+        "{}",
+        what("spawn_all_to_all")
+    );
 
     // A ring of point-to-point hand-offs: recv, then recv_into a larger buffer.
     let next = (me + 1) % world;

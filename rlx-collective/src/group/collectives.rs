@@ -125,6 +125,20 @@ impl ProcessGroup {
         })
     }
 
+    /// Non-blocking [`ProcessGroup::reduce`]; `join()` returns the buffer (the result on the
+    /// root, the untouched input elsewhere).
+    pub fn spawn_reduce<T: Element>(
+        &self,
+        root: u32,
+        mut data: Vec<T>,
+        op: ReduceKind,
+    ) -> CollectiveHandle<Vec<T>> {
+        self.spawn(CollectiveOp::Reduce, move |ctx| {
+            crate::reduce::run(ctx, root, bytemuck::cast_slice_mut(&mut data), T::DTYPE, op)?;
+            Ok(data)
+        })
+    }
+
     /// Non-blocking [`ProcessGroup::reduce_typed`]; `join()` returns the buffer (the result on
     /// the root, the untouched input elsewhere).
     pub fn spawn_reduce_typed(
@@ -157,6 +171,18 @@ impl ProcessGroup {
     ) -> Result<Vec<u8>> {
         self.run(CollectiveOp::ReduceScatter, |ctx| {
             crate::reduce_scatter::run(ctx, data, dtype, op)
+        })
+    }
+
+    /// Non-blocking [`ProcessGroup::reduce_scatter`].
+    pub fn spawn_reduce_scatter<T: Element>(
+        &self,
+        data: Vec<T>,
+        op: ReduceKind,
+    ) -> CollectiveHandle<Vec<T>> {
+        self.spawn(CollectiveOp::ReduceScatter, move |ctx| {
+            crate::reduce_scatter::run(ctx, bytemuck::cast_slice(&data), T::DTYPE, op)
+                .map(|bytes| elements(&bytes))
         })
     }
 
@@ -215,6 +241,16 @@ impl ProcessGroup {
         })
     }
 
+    /// Non-blocking [`ProcessGroup::all_gather`].
+    pub fn spawn_all_gather<T: Element>(&self, local: Vec<T>) -> CollectiveHandle<Vec<T>> {
+        self.spawn(CollectiveOp::AllGather, move |ctx| {
+            let mut out = vec![T::zeroed(); gathered_len(local.len(), ctx.size())?];
+            let bytes = bytemuck::cast_slice_mut(&mut out);
+            crate::all_gather::run(ctx, bytemuck::cast_slice(&local), bytes, T::DTYPE)?;
+            Ok(out)
+        })
+    }
+
     /// Non-blocking [`ProcessGroup::all_gather_typed`].
     pub fn spawn_all_gather_typed(
         &self,
@@ -239,6 +275,18 @@ impl ProcessGroup {
     pub fn gather_typed(&self, root: u32, local: &[u8], dtype: DType) -> Result<Option<Vec<u8>>> {
         self.run(CollectiveOp::Gather, |ctx| {
             crate::gather::run(ctx, root, local, dtype)
+        })
+    }
+
+    /// Non-blocking [`ProcessGroup::gather`].
+    pub fn spawn_gather<T: Element>(
+        &self,
+        root: u32,
+        local: Vec<T>,
+    ) -> CollectiveHandle<Option<Vec<T>>> {
+        self.spawn(CollectiveOp::Gather, move |ctx| {
+            crate::gather::run(ctx, root, bytemuck::cast_slice(&local), T::DTYPE)
+                .map(|gathered| gathered.map(|bytes| elements(&bytes)))
         })
     }
 
@@ -278,6 +326,22 @@ impl ProcessGroup {
         })
     }
 
+    /// Non-blocking [`ProcessGroup::scatter`]: `send` is read on the root only; `join()`
+    /// returns this rank's block of `recv_len` elements.
+    pub fn spawn_scatter<T: Element>(
+        &self,
+        root: u32,
+        send: Vec<T>,
+        recv_len: usize,
+    ) -> CollectiveHandle<Vec<T>> {
+        self.spawn(CollectiveOp::Scatter, move |ctx| {
+            let mut recv = vec![T::zeroed(); recv_len];
+            let into = bytemuck::cast_slice_mut(&mut recv);
+            crate::scatter::run(ctx, root, bytemuck::cast_slice(&send), into, T::DTYPE)?;
+            Ok(recv)
+        })
+    }
+
     /// Non-blocking [`ProcessGroup::scatter_typed`]: `send` is read on the root only;
     /// `join()` returns this rank's block of `recv_len` bytes.
     pub fn spawn_scatter_typed(
@@ -306,6 +370,18 @@ impl ProcessGroup {
         })
     }
 
+    /// Non-blocking [`ProcessGroup::broadcast`]; `join()` returns the buffer.
+    pub fn spawn_broadcast<T: Element>(
+        &self,
+        root: u32,
+        mut data: Vec<T>,
+    ) -> CollectiveHandle<Vec<T>> {
+        self.spawn(CollectiveOp::Broadcast, move |ctx| {
+            crate::broadcast::run(ctx, root, bytemuck::cast_slice_mut(&mut data), T::DTYPE)?;
+            Ok(data)
+        })
+    }
+
     /// Non-blocking [`ProcessGroup::broadcast_typed`]; `join()` returns the buffer.
     pub fn spawn_broadcast_typed(
         &self,
@@ -330,6 +406,14 @@ impl ProcessGroup {
     pub fn all_to_all_typed(&self, send: &[u8], dtype: DType) -> Result<Vec<u8>> {
         self.run(CollectiveOp::AllToAll, |ctx| {
             crate::all_to_all::run(ctx, send, dtype)
+        })
+    }
+
+    /// Non-blocking [`ProcessGroup::all_to_all`].
+    pub fn spawn_all_to_all<T: Element>(&self, send: Vec<T>) -> CollectiveHandle<Vec<T>> {
+        self.spawn(CollectiveOp::AllToAll, move |ctx| {
+            crate::all_to_all::run(ctx, bytemuck::cast_slice(&send), T::DTYPE)
+                .map(|bytes| elements(&bytes))
         })
     }
 
