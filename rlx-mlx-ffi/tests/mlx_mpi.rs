@@ -2,14 +2,14 @@
 //! of the world. A test binary of its own, so that it does not share the machine with the ring
 //! tests running in parallel.
 //!
-//! Its runner is libtest-mimic (`harness = false`), so that a machine without `mpirun` or
-//! without the `mlx` feature shows the test as ignored with that reason; under `CI=true`, where
-//! CI installs Open MPI and builds the feature, that is a failure instead.
+//! Its runner is libtest-mimic (`harness = false`), so that a machine without `mpirun` shows
+//! the test as ignored with that reason (under `CI=true`, where CI installs Open MPI, a
+//! failure instead), and a build without the `mlx` feature shows it as ignored too.
 
 #[cfg(feature = "mlx")]
 mod cluster;
 
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Arguments, Trial};
 
 #[cfg(feature = "mlx")]
 use half::f16;
@@ -72,51 +72,41 @@ fn mpi_body(t: &MlxTransport) {
     t.barrier().unwrap();
 }
 
-/// Why `mpi_two_ranks` cannot run in this build or on this machine, if it cannot.
-fn unavailable() -> Option<&'static str> {
-    #[cfg(feature = "mlx")]
-    {
-        cluster::mpirun()
-            .is_none()
-            .then_some("needs Open MPI's mpirun (apt-get install openmpi-bin libopenmpi-dev)")
-    }
-    #[cfg(not(feature = "mlx"))]
-    {
-        Some("needs the `mlx` feature")
-    }
-}
-
-/// The test itself, where it can run.
+/// The test where this build has the backend: it runs, or on a machine without `mpirun`
+/// shows as ignored with the reason (a failure under `CI=true`, where CI installs Open MPI).
 #[cfg(feature = "mlx")]
-fn runnable(name: &'static str) -> Trial {
-    Trial::test(name, move || {
-        cluster::mpi(name, mpi_body);
-        Ok(())
-    })
+fn trial(name: &'static str, in_ci: bool) -> Trial {
+    if cluster::mpirun().is_some() {
+        return Trial::test(name, move || {
+            cluster::mpi(name, mpi_body);
+            Ok(())
+        });
+    }
+    let reason = "needs Open MPI's mpirun (apt-get install openmpi-bin libopenmpi-dev)";
+    if in_ci {
+        return Trial::test(name, move || {
+            Err(libtest_mimic::Failed::from(format!(
+                "CI=true, yet this test cannot run here: {reason}"
+            )))
+        });
+    }
+    Trial::test(name, || Ok(()))
+        .with_ignored_flag(true)
+        .with_kind(format!("skipped: {reason}"))
 }
 
+/// Without the `mlx` feature the backend is not built: the test is ignored, under CI too,
+/// whose MLX step builds the feature and runs it.
 #[cfg(not(feature = "mlx"))]
-fn runnable(name: &'static str) -> Trial {
-    Trial::test(name, || {
-        Err(Failed::from("built without the `mlx` feature"))
-    })
+fn trial(name: &'static str, _in_ci: bool) -> Trial {
+    Trial::test(name, || Ok(()))
+        .with_ignored_flag(true)
+        .with_kind("skipped: built without the `mlx` feature")
 }
 
 fn main() {
     let in_ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-    let name = "mpi_two_ranks";
-    let trial = match unavailable() {
-        None => runnable(name),
-        Some(reason) if in_ci => Trial::test(name, move || {
-            Err(Failed::from(format!(
-                "CI=true, yet this test cannot run here: {reason}"
-            )))
-        }),
-        Some(reason) => Trial::test(name, || Ok(()))
-            .with_ignored_flag(true)
-            .with_kind(format!("skipped: {reason}")),
-    };
     let mut args = Arguments::from_args();
     args.test_threads.get_or_insert(1);
-    libtest_mimic::run(&args, vec![trial]).exit()
+    libtest_mimic::run(&args, vec![trial("mpi_two_ranks", in_ci)]).exit()
 }
