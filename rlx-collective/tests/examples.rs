@@ -1,0 +1,37 @@
+//! The examples' workloads, run at small sizes on in-process worlds of 1 to 4 ranks and
+//! checked the way their own summaries judge them (CI also runs the example binaries as
+//! separate processes through `cargo xtask launch`).
+
+mod common;
+
+#[allow(dead_code, reason = "the example's main is for its binary")]
+#[path = "../examples/data_parallel.rs"]
+mod data_parallel;
+
+#[test]
+fn data_parallel_training_matches_one_process_with_identical_weights() {
+    let cfg = data_parallel::Config {
+        steps: 60,
+        ..data_parallel::Config::default()
+    };
+    for world in 1..=4 {
+        let reports = common::on_each(common::world(world), move |group| {
+            data_parallel::train(&group, &cfg)
+        });
+        for (rank, report) in reports.into_iter().enumerate() {
+            let report = report.unwrap();
+            assert!(report.identical, "world {world}: rank {rank} diverged");
+            assert!(
+                report.final_loss < report.first_loss / 4.0,
+                "world {world}: {report:?}"
+            );
+            if rank == 0 {
+                let drift = (report.final_loss - report.reference_loss).abs();
+                assert!(
+                    drift <= 1e-4 * report.reference_loss,
+                    "world {world}: {report:?}"
+                );
+            }
+        }
+    }
+}
