@@ -35,3 +35,46 @@ fn data_parallel_training_matches_one_process_with_identical_weights() {
         }
     }
 }
+
+#[allow(dead_code, reason = "the example's main is for its binary")]
+#[path = "../examples/pipeline_parallel.rs"]
+mod pipeline_parallel;
+
+#[test]
+fn pipelined_stages_give_the_unsplit_models_outputs() {
+    let cfg = pipeline_parallel::Config::default();
+    for world in 1..=4 {
+        let reports = common::on_each(common::world(world), move |group| {
+            pipeline_parallel::run(&group, &cfg)
+        });
+        let last = reports.into_iter().last().unwrap().unwrap();
+        assert_eq!(last.checked, cfg.micro_batches, "world {world}");
+        assert_eq!(last.matching, cfg.micro_batches, "world {world}");
+    }
+}
+
+#[allow(dead_code, reason = "the example's main is for its binary")]
+#[path = "../examples/tensor_parallel.rs"]
+mod tensor_parallel;
+
+#[test]
+fn split_matrix_multiplies_sum_to_the_unsplit_block() {
+    let cfg = tensor_parallel::Config {
+        tokens: 4,
+        model: 16,
+        hidden: 37,
+        steps: 2,
+    };
+    for world in 1..=4 {
+        let reports = common::on_each(common::world(world), move |group| {
+            tensor_parallel::run(&group, &cfg)
+        });
+        for (rank, report) in reports.into_iter().enumerate() {
+            let report = report.unwrap();
+            assert!(
+                report.max_error <= 1e-4,
+                "world {world} rank {rank}: {report:?}"
+            );
+        }
+    }
+}

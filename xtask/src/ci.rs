@@ -7,6 +7,7 @@ use std::process::Command;
 
 use crate::cluster::ClusterArgs;
 use crate::cmd::{cargo, run_step, workspace_root};
+use crate::launch::{self, LaunchArgs};
 use crate::world::{TransportKind, WorldArgs};
 use crate::{bench, cluster, loom, macos};
 
@@ -73,6 +74,7 @@ pub(crate) fn run(args: &CiArgs) -> Result<(), String> {
         ]),
     )?;
     clusters()?;
+    examples()?;
     eprintln!("\n==> bench smoke: every operation, dtype and reduction, small sizes, #wrong only");
     bench::run(&bench::BenchArgs::smoke()).map_err(|e| format!("bench smoke: {e}"))?;
     mlx(&workspace_root())?;
@@ -142,6 +144,46 @@ fn clusters() -> Result<(), String> {
     for (what, args) in runs {
         eprintln!("\n==> test-cluster: {what}, the quick case list");
         cluster::run(&args).map_err(|e| format!("test-cluster ({what}): {e}"))?;
+    }
+    Ok(())
+}
+
+/// The workload examples as a user runs them: built in release and launched as 4 TCP ranks
+/// by `cargo xtask launch`, each judging its own result (exit 0 only when it is right).
+fn examples() -> Result<(), String> {
+    run_step(
+        "examples (build)",
+        cargo().args(["build", "--release", "-p", "rlx-collective", "--examples"]),
+    )?;
+    let dir = workspace_root()
+        .join("target")
+        .join("release")
+        .join("examples");
+    let runs: [(&str, &[&str]); 3] = [
+        ("data_parallel", &["--steps", "100"]),
+        ("pipeline_parallel", &[]),
+        ("tensor_parallel", &["--steps", "5"]),
+    ];
+    for (name, args) in runs {
+        eprintln!(
+            "\n==> example {name}: cargo xtask launch -n 4 -- {name} {}",
+            args.join(" ")
+        );
+        let mut command = vec![dir.join(name).into_os_string()];
+        command.extend(args.iter().map(|a| a.into()));
+        let launch = LaunchArgs {
+            ranks: Some(4),
+            world: WorldArgs::tcp(),
+            hostfile: None,
+            env: Vec::new(),
+            grace: 5.0,
+            timeout_ms: Some(60_000),
+            command,
+        };
+        match launch::run(&launch)? {
+            0 => {}
+            code => return Err(format!("example {name} exited with code {code}")),
+        }
     }
     Ok(())
 }
