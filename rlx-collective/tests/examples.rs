@@ -78,3 +78,41 @@ fn split_matrix_multiplies_sum_to_the_unsplit_block() {
         }
     }
 }
+
+#[allow(dead_code, reason = "the example's main is for its binary")]
+#[path = "../examples/federated.rs"]
+mod federated;
+
+/// Convergence and the participant counts; whether the slow client makes a given deadline
+/// depends on the machine's scheduling, so only the bounds are checked here (the late
+/// contribution's fate is checked by event in `tests/federated.rs`).
+#[test]
+fn federated_rounds_converge_with_a_slow_client() {
+    let cfg = federated::Config {
+        rounds: 6,
+        deadline: std::time::Duration::from_millis(50),
+        slow_by: std::time::Duration::from_millis(150),
+        local_steps: 10,
+    };
+    for world in [1u32, 3] {
+        let reports = common::on_each(common::world(world), move |group| {
+            federated::run(&group, &cfg)
+        });
+        for (rank, report) in reports.into_iter().enumerate() {
+            let report = report.unwrap();
+            assert!(
+                report.final_error < report.first_error / 10.0,
+                "world {world} rank {rank}: {report:?}"
+            );
+            if rank == 0 {
+                assert_eq!(report.participants.len(), cfg.rounds);
+                assert!(
+                    report
+                        .participants
+                        .iter()
+                        .all(|&n| (1..=world as usize).contains(&n))
+                );
+            }
+        }
+    }
+}

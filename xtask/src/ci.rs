@@ -159,10 +159,11 @@ fn examples() -> Result<(), String> {
         .join("target")
         .join("release")
         .join("examples");
-    let runs: [(&str, &[&str]); 3] = [
+    let runs: [(&str, &[&str]); 4] = [
         ("data_parallel", &["--steps", "100"]),
         ("pipeline_parallel", &[]),
         ("tensor_parallel", &["--steps", "5"]),
+        ("federated", &["--rounds", "6"]),
     ];
     for (name, args) in runs {
         eprintln!(
