@@ -305,15 +305,7 @@ pub(crate) fn supervise(
     let mut closed = vec![false; specs.len()];
     let mut failure: Option<(Failure, Instant)> = None;
     loop {
-        match job.next(Duration::from_millis(20)) {
-            Some(Output::Line {
-                child,
-                stream,
-                text,
-            }) => line(child, stream, &text),
-            Some(Output::Closed { child }) => closed[child] = true,
-            None => {}
-        }
+        relay(&job, &mut closed, line);
         for (rank, slot) in exited.iter_mut().enumerate() {
             if slot.is_some() {
                 continue;
@@ -349,15 +341,7 @@ pub(crate) fn supervise(
     // What the ranks wrote just before they ended is still on its way.
     let drain_until = Instant::now() + Duration::from_secs(1);
     while closed.iter().any(|c| !c) && Instant::now() < drain_until {
-        match job.next(Duration::from_millis(20)) {
-            Some(Output::Line {
-                child,
-                stream,
-                text,
-            }) => line(child, stream, &text),
-            Some(Output::Closed { child }) => closed[child] = true,
-            None => {}
-        }
+        relay(&job, &mut closed, line);
     }
     let code = failure
         .as_ref()
@@ -366,6 +350,20 @@ pub(crate) fn supervise(
         code,
         first_failure: failure.map(|(failed, _)| failed),
     })
+}
+
+/// Hands the next output line of `job` (waiting at most 20 ms) to `line`, and notes a child
+/// whose streams closed.
+fn relay(job: &Job, closed: &mut [bool], line: &mut dyn FnMut(usize, Stream, &str)) {
+    match job.next(Duration::from_millis(20)) {
+        Some(Output::Line {
+            child,
+            stream,
+            text,
+        }) => line(child, stream, &text),
+        Some(Output::Closed { child }) => closed[child] = true,
+        None => {}
+    }
 }
 
 /// The code a shell reports for `status`: its exit code, or 128 + the signal that ended it.

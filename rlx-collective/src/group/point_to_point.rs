@@ -1,9 +1,11 @@
 //! Point-to-point messages between two members of a group, under user tags: they run outside
 //! the group's sequence, but watch for the group's failure like every collective does.
 
+use std::time::Duration;
+
 use super::ProcessGroup;
 use crate::health::{FailureScope, NOTICE_SLICE, Watch};
-use crate::{CollectiveError, DType, Element, Result, Tag};
+use crate::{CollectiveError, DType, Element, Result, Tag, Transport};
 
 impl ProcessGroup {
     /// The failure watch of this group's point-to-point calls.
@@ -68,25 +70,10 @@ impl ProcessGroup {
     /// elements arrived. A message longer than `buf` is [`CollectiveError::LengthMismatch`];
     /// one that is not a whole number of `T`s is a protocol error.
     pub fn recv_into<T: Element>(&self, from: u32, tag: u32, buf: &mut [T]) -> Result<usize> {
-        let tag = Tag::user(tag)?;
-        let peer = self.world_peer(from)?;
-        let after = self.shared.transport.op_timeout();
-        let watch = self.watch();
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
-        let len = watch
-            .wait(after, NOTICE_SLICE, |deadline| {
-                self.shared
-                    .transport
-                    .recv_message_into(peer, tag, bytes, deadline)
-            })
-            .and_then(|got| {
-                got.ok_or(CollectiveError::Timeout {
-                    peer: Some(peer),
-                    op: "recv",
-                    after,
-                })
-            })
-            .inspect_err(|error| watch.on_failure(error))?;
+        let (peer, len) = self.receive(from, tag, |transport, peer, tag, deadline| {
+            transport.recv_message_into(peer, tag, bytes, deadline)
+        })?;
         whole_elements(peer, len, T::DTYPE)
     }
 
@@ -106,13 +93,31 @@ impl ProcessGroup {
     /// Receives the next message from group rank `from` under the user tag `tag` as `dtype`
     /// elements; a length that is not a whole number of elements is a protocol error.
     pub fn recv_typed(&self, from: u32, tag: u32, dtype: DType) -> Result<Vec<u8>> {
+        let (peer, bytes) = self.receive(from, tag, |transport, peer, tag, deadline| {
+            transport.recv_message(peer, tag, deadline)
+        })?;
+        whole_elements(peer, bytes.len(), dtype)?;
+        Ok(bytes)
+    }
+
+    /// Waits for the next message from group rank `from` under the user tag `tag` through
+    /// `receive` (one of the transport's receives, called with the world rank, the tag and a
+    /// slice of the operation timeout at a time, so that a failure of the group ends the
+    /// wait); returns the world rank and what `receive` returned.
+    fn receive<R>(
+        &self,
+        from: u32,
+        tag: u32,
+        mut receive: impl FnMut(&dyn Transport, u32, Tag, Duration) -> Result<Option<R>>,
+    ) -> Result<(u32, R)> {
         let tag = Tag::user(tag)?;
         let peer = self.world_peer(from)?;
         let after = self.shared.transport.op_timeout();
         let watch = self.watch();
-        let bytes = watch
+        let transport = self.shared.transport.as_ref();
+        watch
             .wait(after, NOTICE_SLICE, |deadline| {
-                self.shared.transport.recv_message(peer, tag, deadline)
+                receive(transport, peer, tag, deadline)
             })
             .and_then(|got| {
                 got.ok_or(CollectiveError::Timeout {
@@ -121,9 +126,8 @@ impl ProcessGroup {
                     after,
                 })
             })
-            .inspect_err(|error| watch.on_failure(error))?;
-        whole_elements(peer, bytes.len(), dtype)?;
-        Ok(bytes)
+            .map(|got| (peer, got))
+            .inspect_err(|error| watch.on_failure(error))
     }
 }
 

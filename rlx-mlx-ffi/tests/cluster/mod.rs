@@ -185,6 +185,18 @@ fn run_child(backend: Backend, body: Body) {
     eprintln!("rank {rank}: closed the transport in {:?}", start.elapsed());
 }
 
+/// The test-binary arguments that make a child run test `name` alone, with plain output (its
+/// summary line is what the parent counts).
+fn child_args(name: &str) -> [&str; 5] {
+    [
+        name,
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+        "--color=never",
+    ]
+}
+
 fn self_command(name: &str, dir: &std::path::Path, log: &str) -> Command {
     let exe = std::env::current_exe().expect("current test binary");
     let out = File::create(dir.join(format!("{log}.log"))).expect("create the log");
