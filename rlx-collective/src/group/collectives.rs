@@ -23,6 +23,22 @@ fn elements<T: Element>(bytes: &[u8]) -> Vec<T> {
 
 impl ProcessGroup {
     /// Returns once every member has entered the barrier (dissemination algorithm).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
+    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(3).into_iter()
+    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
+    /// std::thread::scope(|s| {
+    ///     for group in &world {
+    ///         s.spawn(move || {
+    ///             group.barrier().unwrap();
+    ///         });
+    ///     }
+    /// });
+    /// ```
     pub fn barrier(&self) -> Result<()> {
         self.run(CollectiveOp::Barrier, crate::barrier::dissemination::run)
     }
@@ -67,6 +83,25 @@ impl ProcessGroup {
 
     /// Non-blocking [`ProcessGroup::all_reduce`]: issued now, run on its own thread;
     /// `join()` returns the reduced buffer.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
+    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(2).into_iter()
+    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
+    /// std::thread::scope(|s| {
+    ///     for group in &world {
+    ///         s.spawn(move || {
+    ///             let group = Arc::new(group.clone());
+    ///             let pending = group.spawn_all_reduce(vec![1.0f32; 4], ReduceKind::Sum);
+    ///             // ... compute something else while the sum travels ...
+    ///             assert_eq!(pending.join().unwrap(), vec![2.0; 4]);
+    ///         });
+    ///     }
+    /// });
+    /// ```
     pub fn spawn_all_reduce<T: Element>(
         self: &Arc<Self>,
         data: Vec<T>,
@@ -108,6 +143,26 @@ impl ProcessGroup {
 
     /// Reduces every rank's `data` into `root`'s `data`; the other ranks' buffers are left
     /// unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
+    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(3).into_iter()
+    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
+    /// std::thread::scope(|s| {
+    ///     for group in &world {
+    ///         s.spawn(move || {
+    ///             let mut x = [group.rank() as i64 + 1; 2];
+    ///             group.reduce(0, &mut x, ReduceKind::Product).unwrap();
+    ///             if group.rank() == 0 {
+    ///                 assert_eq!(x, [6, 6]);
+    ///             }
+    ///         });
+    ///     }
+    /// });
+    /// ```
     pub fn reduce<T: Element>(&self, root: u32, data: &mut [T], op: ReduceKind) -> Result<()> {
         self.reduce_typed(root, bytemuck::cast_slice_mut(data), T::DTYPE, op)
     }
@@ -157,6 +212,24 @@ impl ProcessGroup {
     /// Reduces every rank's `data` and returns this rank's block of the result: with `c`
     /// elements on `n` ranks, rank `i` gets elements `i*c/n .. (i+1)*c/n` (blocks differ by
     /// at most one element when `n` does not divide `c`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
+    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(2).into_iter()
+    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
+    /// std::thread::scope(|s| {
+    ///     for group in &world {
+    ///         s.spawn(move || {
+    ///             let block = group.reduce_scatter(&[1.0f32, 2.0, 3.0, 4.0], ReduceKind::Sum).unwrap();
+    ///             let expected = [[2.0, 4.0], [6.0, 8.0]][group.rank() as usize];
+    ///             assert_eq!(block, expected);
+    ///         });
+    ///     }
+    /// });
+    /// ```
     pub fn reduce_scatter<T: Element>(&self, data: &[T], op: ReduceKind) -> Result<Vec<T>> {
         let bytes = self.reduce_scatter_typed(bytemuck::cast_slice(data), T::DTYPE, op)?;
         Ok(elements(&bytes))
@@ -200,6 +273,23 @@ impl ProcessGroup {
 
     /// Gathers every rank's `local` on every rank, in rank order. All ranks pass the same
     /// length.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
+    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(3).into_iter()
+    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
+    /// std::thread::scope(|s| {
+    ///     for group in &world {
+    ///         s.spawn(move || {
+    ///             let all = group.all_gather(&[group.rank() as i32; 2]).unwrap();
+    ///             assert_eq!(all, [0, 0, 1, 1, 2, 2]);
+    ///         });
+    ///     }
+    /// });
+    /// ```
     pub fn all_gather<T: Element>(&self, local: &[T]) -> Result<Vec<T>> {
         let mut out = vec![T::zeroed(); gathered_len(local.len(), self.world_size())?];
         self.all_gather_into(local, &mut out)?;
@@ -266,6 +356,23 @@ impl ProcessGroup {
 
     /// Gathers every rank's `local` on `root` in rank order: `Some` on the root, `None`
     /// elsewhere. All ranks pass the same length.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
+    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(3).into_iter()
+    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
+    /// std::thread::scope(|s| {
+    ///     for group in &world {
+    ///         s.spawn(move || {
+    ///             let gathered = group.gather(1, &[group.rank() as u8]).unwrap();
+    ///             assert_eq!(gathered, (group.rank() == 1).then(|| vec![0, 1, 2]));
+    ///         });
+    ///     }
+    /// });
+    /// ```
     pub fn gather<T: Element>(&self, root: u32, local: &[T]) -> Result<Option<Vec<T>>> {
         let bytes = self.gather_typed(root, bytemuck::cast_slice(local), T::DTYPE)?;
         Ok(bytes.map(|b| elements(&b)))
@@ -304,6 +411,25 @@ impl ProcessGroup {
 
     /// Sends block `i` of `root`'s `send` (world_size blocks of `recv.len()` elements) to rank
     /// `i`'s `recv`; `send` is only read on the root (pass `&[]` elsewhere).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
+    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(3).into_iter()
+    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
+    /// std::thread::scope(|s| {
+    ///     for group in &world {
+    ///         s.spawn(move || {
+    ///             let send: &[f64] = if group.rank() == 0 { &[10.0, 11.0, 12.0] } else { &[] };
+    ///             let mut mine = [0.0f64];
+    ///             group.scatter(0, send, &mut mine).unwrap();
+    ///             assert_eq!(mine, [10.0 + group.rank() as f64]);
+    ///         });
+    ///     }
+    /// });
+    /// ```
     pub fn scatter<T: Element>(&self, root: u32, send: &[T], recv: &mut [T]) -> Result<()> {
         self.scatter_typed(
             root,
@@ -359,6 +485,24 @@ impl ProcessGroup {
     }
 
     /// Copies `root`'s `data` into every rank's `data`. All ranks pass the same length.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
+    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(3).into_iter()
+    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
+    /// std::thread::scope(|s| {
+    ///     for group in &world {
+    ///         s.spawn(move || {
+    ///             let mut weights = if group.rank() == 2 { [0.5f32, -1.0] } else { [0.0; 2] };
+    ///             group.broadcast(2, &mut weights).unwrap();
+    ///             assert_eq!(weights, [0.5, -1.0]);
+    ///         });
+    ///     }
+    /// });
+    /// ```
     pub fn broadcast<T: Element>(&self, root: u32, data: &mut [T]) -> Result<()> {
         self.broadcast_typed(root, bytemuck::cast_slice_mut(data), T::DTYPE)
     }
@@ -397,6 +541,25 @@ impl ProcessGroup {
 
     /// Splits `send` into world_size equal blocks and sends block `j` to rank `j`; returns the
     /// blocks received, block `i` from rank `i`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
+    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(2).into_iter()
+    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
+    /// std::thread::scope(|s| {
+    ///     for group in &world {
+    ///         s.spawn(move || {
+    ///             let me = group.rank() as i32;
+    ///             let got = group.all_to_all(&[me * 10, me * 10 + 1]).unwrap();
+    ///             let expected = [[0, 10], [1, 11]][group.rank() as usize];
+    ///             assert_eq!(got, expected);
+    ///         });
+    ///     }
+    /// });
+    /// ```
     pub fn all_to_all<T: Element>(&self, send: &[T]) -> Result<Vec<T>> {
         let bytes = self.all_to_all_typed(bytemuck::cast_slice(send), T::DTYPE)?;
         Ok(elements(&bytes))
@@ -425,6 +588,8 @@ impl ProcessGroup {
     }
 
     /// Non-blocking [`ProcessGroup::barrier`].
+    ///
+    /// See the example of [`ProcessGroup::spawn_all_reduce`].
     pub fn spawn_barrier(&self) -> CollectiveHandle<()> {
         self.spawn(CollectiveOp::Barrier, crate::barrier::dissemination::run)
     }
@@ -441,6 +606,27 @@ impl ProcessGroup {
     /// A failure in a round, even a lost member, fails only that round on the ranks it
     /// touches, never the group (see [the type docs](ProcessGroup#failures)); a round on a
     /// group that already failed fails at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
+    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(3).into_iter()
+    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
+    /// std::thread::scope(|s| {
+    ///     for group in &world {
+    ///         s.spawn(move || {
+    ///             let mut model = [group.rank() as f32; 2];
+    ///             let counted = group
+    ///                 .federated_average(&mut model, std::time::Duration::from_secs(10))
+    ///                 .unwrap();
+    ///             assert_eq!(model, [1.0, 1.0]);
+    ///             assert_eq!(counted, if group.rank() == 0 { 3 } else { 0 });
+    ///         });
+    ///     }
+    /// });
+    /// ```
     pub fn federated_average(&self, data: &mut [f32], deadline: Duration) -> Result<usize> {
         let id = OpId {
             scope: FailureScope::Operation,
@@ -452,6 +638,8 @@ impl ProcessGroup {
 
     /// Number of late federated contributions rank 0 still expects from past rounds (they are
     /// freed as they arrive, at the start of the next round).
+    ///
+    /// See the example of [`ProcessGroup::federated_average`].
     pub fn federated_outstanding(&self) -> usize {
         self.shared.federated.lock().outstanding()
     }
@@ -459,12 +647,31 @@ impl ProcessGroup {
     /// The reduce dtype for ranks holding `dtypes` (see [`negotiate_reduce_dtype`]).
     ///
     /// [`negotiate_reduce_dtype`]: crate::negotiate_reduce_dtype
+    ///
+    /// See the example of [`ProcessGroup::agree_reduce_dtype`].
     pub fn negotiate_reduce_dtype(dtypes: &[DType]) -> DType {
         crate::negotiate_reduce_dtype(dtypes)
     }
 
     /// Collectively agrees on the reduce dtype: gathers every rank's `local` dtype and applies
     /// [`crate::negotiate_reduce_dtype`]. Every rank gets the same answer.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
+    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(2).into_iter()
+    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
+    /// std::thread::scope(|s| {
+    ///     for group in &world {
+    ///         s.spawn(move || {
+    ///             let local = if group.rank() == 0 { rlx_collective::DType::F64 } else { rlx_collective::DType::F16 };
+    ///             assert_eq!(group.agree_reduce_dtype(local).unwrap(), rlx_collective::DType::F64);
+    ///         });
+    ///     }
+    /// });
+    /// ```
     pub fn agree_reduce_dtype(&self, local: DType) -> Result<DType> {
         let codes = self.all_gather_typed(&[local.code()], DType::U8)?;
         let dtypes = codes

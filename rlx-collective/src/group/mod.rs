@@ -41,8 +41,10 @@ pub const WORLD_GROUP_ID: u16 = 1;
 /// `spawn_*` variants, on the calling thread before it returns — and all of its messages
 /// carry `(group id, sequence)`, so concurrent operations never exchange each other's bytes.
 ///
-/// Buffers of the `*_typed` operations are raw little-endian elements of a [`DType`] (any
-/// alignment); the `f32` operations are thin wrappers over them.
+/// The collectives take slices of any [`Element`](crate::Element) type (`f32`, `bf16`, `i64`,
+/// ...); buffers of the `*_typed` operations are raw little-endian elements of a [`DType`]
+/// known only at run time (any alignment), and the typed operations are thin wrappers over
+/// them.
 ///
 /// # Failures
 ///
@@ -180,31 +182,54 @@ impl ProcessGroup {
     }
 
     /// This rank's rank in the group.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
+    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(1).into_iter()
+    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
+    /// let group = &world[0];
+    /// assert_eq!((group.rank(), group.world_size(), group.is_leader()), (0, 1, true));
+    /// assert_eq!(group.members(), [0]);
+    /// assert_eq!(group.group_id(), rlx_collective::WORLD_GROUP_ID);
+    /// ```
     pub fn rank(&self) -> u32 {
         self.shared.rank
     }
 
     /// Number of ranks in the group.
+    ///
+    /// See the example of [`ProcessGroup::rank`].
     pub fn world_size(&self) -> u32 {
         self.shared.members.len() as u32
     }
 
     /// Whether this is rank 0 of the group.
+    ///
+    /// See the example of [`ProcessGroup::rank`].
     pub fn is_leader(&self) -> bool {
         self.shared.rank == 0
     }
 
     /// The transport the group runs on (whose ranks are world ranks).
+    ///
+    /// See the [type-level example](ProcessGroup#examples) for a group built on a transport.
     pub fn transport(&self) -> &Arc<dyn Transport> {
         &self.shared.transport
     }
 
     /// The group's id on the wire ([`WORLD_GROUP_ID`] for the world group).
+    ///
+    /// See the example of [`ProcessGroup::rank`].
     pub fn group_id(&self) -> u16 {
         self.shared.group_id
     }
 
     /// The world rank of every group rank, in group-rank order.
+    ///
+    /// See the example of [`ProcessGroup::rank`].
     pub fn members(&self) -> &[u32] {
         &self.shared.members
     }
@@ -214,6 +239,20 @@ impl ProcessGroup {
     /// make the same choice. Fails with `InvalidArgument` if `op` has no such algorithm (see
     /// [`CollectiveOp::algorithms`]), and with `Unsupported` if this group cannot run it (see
     /// [`ProcessGroup::supports_algorithm`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
+    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(1).into_iter()
+    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
+    /// use rlx_collective::{Algorithm, CollectiveOp};
+    /// let group = &world[0];
+    /// group.set_algorithm(CollectiveOp::AllReduce, Algorithm::Ring)?;
+    /// assert_eq!(group.algorithm(CollectiveOp::AllReduce), Algorithm::Ring);
+    /// # Ok::<(), rlx_collective::CollectiveError>(())
+    /// ```
     pub fn set_algorithm(&self, op: CollectiveOp, algorithm: Algorithm) -> Result<()> {
         let known = op.algorithms().contains(&algorithm);
         if known && algorithm == Algorithm::OneSidedRing && !self.supports_algorithm(op, algorithm)
@@ -237,6 +276,8 @@ impl ProcessGroup {
     /// Whether `algorithm` can run `op` on this group: it is one of `op`'s algorithms and,
     /// for [`Algorithm::OneSidedRing`], this is the world group of a transport with a
     /// symmetric heap ([`Transport::symmetric`]).
+    ///
+    /// See the example of [`ProcessGroup::set_algorithm`].
     pub fn supports_algorithm(&self, op: CollectiveOp, algorithm: Algorithm) -> bool {
         op.algorithms().contains(&algorithm)
             && (algorithm != Algorithm::OneSidedRing
@@ -258,6 +299,9 @@ impl ProcessGroup {
     /// `Unsupported` on a sub-group or a transport without a heap, and with
     /// `InvalidArgument` when the region is smaller than
     /// [`MIN_ONE_SIDED_REGION_BYTES`](crate::select::MIN_ONE_SIDED_REGION_BYTES) or does not fit.
+    ///
+    /// See the example of [`ProcessGroup::set_algorithm`]; `tests/one_sided.rs` enables the
+    /// region on a transport with a heap end to end.
     pub fn enable_one_sided(&self, region_bytes: u64) -> Result<()> {
         self.run(OpKind::EnableOneSided, |ctx| {
             one_sided::enable(ctx, region_bytes)
@@ -265,6 +309,8 @@ impl ProcessGroup {
     }
 
     /// The algorithm forced for `op` ([`Algorithm::Auto`] when none is).
+    ///
+    /// See the example of [`ProcessGroup::set_algorithm`].
     pub fn algorithm(&self, op: CollectiveOp) -> Algorithm {
         self.shared.settings.lock().get(op)
     }
@@ -302,6 +348,27 @@ impl ProcessGroup {
     /// The new group shares the transport; its id differs from the id of every other group
     /// that shares a rank with it, so its collectives may run concurrently with this group's.
     /// Splits of two different groups must not run concurrently within one process.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
+    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(4).into_iter()
+    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
+    /// std::thread::scope(|s| {
+    ///     for group in &world {
+    ///         s.spawn(move || {
+    ///             // Even and odd ranks form two groups of two, ordered by world rank.
+    ///             let half = group.split(Some(group.rank() % 2), 0).unwrap().unwrap();
+    ///             assert_eq!((half.rank(), half.world_size()), (group.rank() / 2, 2));
+    ///             let mut x = [group.rank() as i32];
+    ///             half.all_reduce(&mut x, ReduceKind::Sum).unwrap();
+    ///             assert_eq!(x, [if group.rank() % 2 == 0 { 2 } else { 4 }]);
+    ///         });
+    ///     }
+    /// });
+    /// ```
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<ProcessGroup>> {
         let ids = &self.shared.group_ids;
         let mine = Record {

@@ -24,12 +24,16 @@ impl ProcessGroup {
     /// Sends `data` to group rank `to` under the user tag `tag` (below
     /// [`TAG_RESERVED_BASE`](crate::TAG_RESERVED_BASE)). User tags are per pair of world
     /// ranks, shared by every group of the family.
+    ///
+    /// See the example of [`ProcessGroup::send`].
     pub fn send_f32(&self, to: u32, tag: u32, data: &[f32]) -> Result<()> {
         self.send(to, tag, data)
     }
 
     /// Receives the next `f32` message from group rank `from` under the user tag `tag`,
     /// waiting at most the transport's operation timeout.
+    ///
+    /// See the example of [`ProcessGroup::send`].
     pub fn recv_f32(&self, from: u32, tag: u32) -> Result<Vec<f32>> {
         self.recv(from, tag)
     }
@@ -60,6 +64,8 @@ impl ProcessGroup {
     /// Receives the next message from group rank `from` under the user tag `tag` as `T`s,
     /// waiting at most the transport's operation timeout; a length that is not a whole number
     /// of `T`s is a protocol error.
+    ///
+    /// See the example of [`ProcessGroup::send`].
     pub fn recv<T: Element>(&self, from: u32, tag: u32) -> Result<Vec<T>> {
         let bytes = self.recv_typed(from, tag, T::DTYPE)?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
@@ -69,6 +75,28 @@ impl ProcessGroup {
     /// (no allocation where the transport lands messages in place) and returns how many
     /// elements arrived. A message longer than `buf` is [`CollectiveError::LengthMismatch`];
     /// one that is not a whole number of `T`s is a protocol error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
+    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(2).into_iter()
+    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
+    /// std::thread::scope(|s| {
+    ///     for group in &world {
+    ///         s.spawn(move || {
+    ///             if group.rank() == 0 {
+    ///                 group.send(1, 5, &[1i32, 2, 3]).unwrap();
+    ///             } else {
+    ///                 let mut buf = [0i32; 8];
+    ///                 let n = group.recv_into(0, 5, &mut buf).unwrap();
+    ///                 assert_eq!(&buf[..n], [1, 2, 3]);
+    ///             }
+    ///         });
+    ///     }
+    /// });
+    /// ```
     pub fn recv_into<T: Element>(&self, from: u32, tag: u32, buf: &mut [T]) -> Result<usize> {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
         let (peer, len) = self.receive(from, tag, |transport, peer, tag, deadline| {
@@ -78,6 +106,8 @@ impl ProcessGroup {
     }
 
     /// Sends the `dtype` elements in `data` to group rank `to` under the user tag `tag`.
+    ///
+    /// See the example of [`ProcessGroup::send`].
     pub fn send_typed(&self, to: u32, tag: u32, data: &[u8], dtype: DType) -> Result<()> {
         crate::check_dtype_len(data.len(), dtype)?;
         let tag = Tag::user(tag)?;
@@ -92,6 +122,8 @@ impl ProcessGroup {
 
     /// Receives the next message from group rank `from` under the user tag `tag` as `dtype`
     /// elements; a length that is not a whole number of elements is a protocol error.
+    ///
+    /// See the example of [`ProcessGroup::send`].
     pub fn recv_typed(&self, from: u32, tag: u32, dtype: DType) -> Result<Vec<u8>> {
         let (peer, bytes) = self.receive(from, tag, |transport, peer, tag, deadline| {
             transport.recv_message(peer, tag, deadline)
