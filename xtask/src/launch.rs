@@ -473,6 +473,42 @@ mod tests {
         assert!(outcome.first_failure.unwrap().ended.is_empty());
     }
 
+    /// `launch --netns`: each rank runs in its own namespace with a `thunderbolt0` link and
+    /// the rendezvous on the others' side of it; a rank's failure there is reported as on the
+    /// host. Needs root; without it the test says so, and under `CI=true` (where CI runs as
+    /// root) it fails instead.
+    #[test]
+    fn ranks_run_in_network_namespaces() {
+        if let Err(reason) = crate::netns::check_available() {
+            assert!(
+                !crate::ci::in_ci(),
+                "CI=true, yet launch --netns cannot run: {reason}"
+            );
+            eprintln!("ranks_run_in_network_namespaces skipped: {reason}");
+            return;
+        }
+        let args = |script: &str| LaunchArgs {
+            ranks: Some(2),
+            world: WorldArgs {
+                netns: true,
+                ..WorldArgs::tcp()
+            },
+            hostfile: None,
+            env: Vec::new(),
+            grace: 1.0,
+            timeout_ms: None,
+            command: vec!["sh".into(), "-c".into(), script.into()],
+        };
+        // Inside its namespace a rank sees its own thunderbolt0 link and a master address
+        // that is not loopback.
+        let fine = args(
+            "ip -o link show thunderbolt0 >/dev/null && case $RLX_MASTER_ADDR in 127.*) exit 9;; esac",
+        );
+        assert_eq!(run(&fine).unwrap(), 0);
+        let failing = args("[ \"$RLX_RANK\" = 1 ] && exit 4; sleep 30");
+        assert_eq!(run(&failing).unwrap(), 4);
+    }
+
     #[test]
     fn remote_commands_quote_every_word() {
         let command = remote_command(
