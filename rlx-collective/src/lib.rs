@@ -75,6 +75,7 @@ mod broadcast;
 pub mod conformance;
 mod debug_log;
 mod federated;
+pub mod flight;
 mod gather;
 mod group;
 mod handle;

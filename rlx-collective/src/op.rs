@@ -14,6 +14,7 @@
 use std::time::Duration;
 
 use crate::all_reduce::one_sided::region::OneSided;
+use crate::flight::FlightRecorder;
 use crate::health::{FailureScope, GROUP_NOTICE_PHASE, Health, NOTICE_SLICE, Watch};
 use crate::select::{Algorithm, CollectiveOp, Settings};
 use crate::{CollectiveError, Failure, NativeCollectives, Result, Tag, Transport};
@@ -70,6 +71,7 @@ pub(crate) struct OpCtx<'a> {
     pub(crate) settings: Settings,
     watch: Watch<'a>,
     one_sided: &'a OneSided,
+    flight: &'a FlightRecorder,
 }
 
 /// What [`OpCtx::new`] needs besides the group's transport, members, health and one-sided
@@ -110,6 +112,7 @@ impl<'a> OpCtx<'a> {
         members: &'a [u32],
         health: &'a Health,
         one_sided: &'a OneSided,
+        flight: &'a FlightRecorder,
         id: OpId,
     ) -> Self {
         OpCtx {
@@ -125,6 +128,7 @@ impl<'a> OpCtx<'a> {
             settings: id.settings,
             watch: Watch::new(transport, members, id.rank, id.group, health, id.scope),
             one_sided,
+            flight,
         }
     }
 
@@ -214,6 +218,7 @@ impl<'a> OpCtx<'a> {
     /// must fill exactly.
     pub(crate) fn recv_into(&self, from: u32, buf: &mut [u8]) -> Result<()> {
         let peer = self.world_rank(from)?;
+        self.flight.waiting(self.seq, peer);
         let expected = buf.len();
         let slice = NOTICE_SLICE.saturating_add(
             SLICE_PER_BYTE.saturating_mul(u32::try_from(expected).unwrap_or(u32::MAX)),
@@ -238,6 +243,7 @@ impl<'a> OpCtx<'a> {
     /// failure of the group.
     pub(crate) fn recv_within(&self, from: u32, timeout: Duration) -> Result<Option<Vec<u8>>> {
         let peer = self.world_rank(from)?;
+        self.flight.waiting(self.seq, peer);
         if timeout.is_zero() {
             self.watch.check()?;
             self.watch.poll_notice_of(peer)?;

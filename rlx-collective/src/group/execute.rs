@@ -32,6 +32,7 @@ impl ProcessGroup {
         if let Some(order) = &shared.issue_order {
             order.register(id.seq);
         }
+        shared.flight.issued(id.seq, id.kind.name());
         id
     }
 
@@ -69,12 +70,22 @@ impl ProcessGroup {
             shared.one_sided.release(id.seq);
             return Err(error);
         }
+        shared.flight.running(id.seq);
         match std::panic::catch_unwind(AssertUnwindSafe(|| body(&ctx))) {
-            Ok(result) => result.inspect_err(|error| {
-                tracing::warn!(%error, "operation failed");
-                ctx.notify_failure(error);
-            }),
+            Ok(result) => {
+                shared.flight.ended(id.seq, result.as_ref().err());
+                result.inspect_err(|error| {
+                    tracing::warn!(%error, "operation failed");
+                    ctx.notify_failure(error);
+                    if error.is_fatal() {
+                        shared
+                            .flight
+                            .dump_if_asked(shared.group_id == WORLD_GROUP_ID);
+                    }
+                })
+            }
             Err(panic) => {
+                shared.flight.ended(id.seq, Some(&CollectiveError::Aborted));
                 ctx.notify_failure(&CollectiveError::Aborted);
                 std::panic::resume_unwind(panic)
             }
@@ -147,6 +158,7 @@ impl ProcessGroup {
             &shared.members,
             &shared.health,
             &shared.one_sided,
+            &shared.flight,
             id,
         )
     }

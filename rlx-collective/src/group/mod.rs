@@ -23,6 +23,7 @@ use parking_lot::Mutex;
 
 use crate::all_reduce::one_sided::{self, region::OneSided};
 use crate::federated::StaleRounds;
+use crate::flight::{DEFAULT_FLIGHT_ENTRIES, FlightEntry, FlightRecorder};
 use crate::health::Health;
 use crate::issue_order::IssueOrder;
 use crate::op::OpKind;
@@ -104,6 +105,14 @@ struct Shared {
     health: Health,
     /// Runs the non-blocking operations.
     worker: Worker,
+    /// The recent operations, for diagnosis.
+    flight: FlightRecorder,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.flight.dump_if_asked(self.group_id == WORLD_GROUP_ID);
+    }
 }
 
 impl fmt::Debug for ProcessGroup {
@@ -162,6 +171,7 @@ impl ProcessGroup {
         group_ids: Arc<GroupIds>,
     ) -> ProcessGroup {
         let transport_has_native = transport.native_collectives().is_some();
+        let world_rank = members.get(rank as usize).copied().unwrap_or(rank);
         ProcessGroup {
             shared: Arc::new(Shared {
                 transport,
@@ -177,6 +187,7 @@ impl ProcessGroup {
                     .then(IssueOrder::default),
                 health: Health::default(),
                 worker: Worker::default(),
+                flight: FlightRecorder::new(group_id, world_rank, DEFAULT_FLIGHT_ENTRIES),
             }),
         }
     }
@@ -218,6 +229,41 @@ impl ProcessGroup {
     /// See the [type-level example](ProcessGroup#examples) for a group built on a transport.
     pub fn transport(&self) -> &Arc<dyn Transport> {
         &self.shared.transport
+    }
+
+    /// The group's recent operations, oldest first (at most
+    /// [`DEFAULT_FLIGHT_ENTRIES`](crate::flight::DEFAULT_FLIGHT_ENTRIES)): what each was doing,
+    /// the peer it last waited on, and how it ended. See the [`flight`](crate::flight) module.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rlx_collective::{MemTransport, ProcessGroup, Transport};
+    /// use rlx_collective::flight::FlightState;
+    ///
+    /// let group = ProcessGroup::new(MemTransport::fan_out(1).remove(0) as Arc<dyn Transport>);
+    /// group.barrier()?;
+    /// let record = group.flight_record();
+    /// assert_eq!((record[0].op, record[0].state), ("barrier", FlightState::Done));
+    /// # Ok::<(), rlx_collective::CollectiveError>(())
+    /// ```
+    pub fn flight_record(&self) -> Vec<FlightEntry> {
+        self.shared.flight.snapshot()
+    }
+
+    /// Writes [`ProcessGroup::flight_record`] to `dir` as JSON lines
+    /// (`rank-<world rank>.jsonl`, or `rank-<r>-group-<g>.jsonl` for a sub-group), which
+    /// `cargo xtask flight-report DIR` reads; returns the file written. Groups also write it
+    /// by themselves on a fatal failure and when dropped, if `RLX_FLIGHT_RECORDER` names a
+    /// directory.
+    pub fn dump_flight_record(&self, dir: &std::path::Path) -> Result<std::path::PathBuf> {
+        let path = self
+            .shared
+            .flight
+            .file_in(dir, self.shared.group_id == WORLD_GROUP_ID);
+        self.shared.flight.dump_to(&path)?;
+        Ok(path)
     }
 
     /// The group's id on the wire ([`WORLD_GROUP_ID`] for the world group).

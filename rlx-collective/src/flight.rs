@@ -1,0 +1,226 @@
+//! The flight recorder: every group keeps a bounded ring of its recent operations (sequence
+//! number, operation, state, the peer it last waited on, timestamps), so that when a job hangs
+//! or fails, each rank can say what it was doing, and `cargo xtask flight-report` can name the
+//! rank that never reached an operation.
+//!
+//! The ring is allocated once, with the group; recording an operation overwrites the slot of
+//! its sequence number, so the steady state allocates nothing (only a failure's message is a
+//! string). It is dumped as JSON lines to `RLX_FLIGHT_RECORDER/rank-<world rank>.jsonl`
+//! (`rank-<r>-group-<g>.jsonl` for a sub-group) when an operation fails fatally and when the
+//! group is dropped, if that variable names a directory; [`ProcessGroup::flight_record`]
+//! (crate::ProcessGroup::flight_record) returns a snapshot at any time.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use crate::{CollectiveError, Result};
+
+/// The directory the records are dumped to, when set.
+pub const FLIGHT_DIR_VAR: &str = "RLX_FLIGHT_RECORDER";
+
+/// Operations a group remembers unless told otherwise.
+pub const DEFAULT_FLIGHT_ENTRIES: usize = 2048;
+
+/// Where an operation is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum FlightState {
+    /// Issued on this rank, not started yet (a non-blocking operation in the worker's queue).
+    Issued,
+    /// Running.
+    Running,
+    /// Finished on this rank.
+    Done,
+    /// Failed on this rank (see [`FlightEntry::error`]).
+    Failed,
+}
+
+/// One operation as the recorder saw it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FlightEntry {
+    /// The group's id on the wire.
+    pub group: u16,
+    /// This rank's world rank.
+    pub rank: u32,
+    /// The operation's sequence number in the group.
+    pub seq: u32,
+    /// The operation (`"all_reduce"`, `"barrier"`, ...).
+    pub op: &'static str,
+    /// Where it is.
+    pub state: FlightState,
+    /// The world rank it last waited for a message from, if it waited at all.
+    pub waiting_on: Option<u32>,
+    /// When it was issued, in microseconds since the Unix epoch (comparable across hosts as
+    /// far as their clocks agree).
+    pub issued_us: u64,
+    /// When it finished or failed, in the same clock.
+    pub ended_us: Option<u64>,
+    /// The error it failed with.
+    pub error: Option<String>,
+}
+
+/// A group's ring of recent operations.
+#[derive(Debug)]
+pub(crate) struct FlightRecorder {
+    group: u16,
+    rank: u32,
+    /// The Unix time of `started`, so that timestamps need one clock read each.
+    epoch_us: u64,
+    started: Instant,
+    slots: Mutex<Vec<Option<FlightEntry>>>,
+}
+
+impl FlightRecorder {
+    /// An empty recorder of `entries` slots (at least one) for group `group` on world rank
+    /// `rank`.
+    pub(crate) fn new(group: u16, rank: u32, entries: usize) -> Self {
+        let epoch_us = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        FlightRecorder {
+            group,
+            rank,
+            epoch_us,
+            started: Instant::now(),
+            slots: Mutex::new(vec![None; entries.max(1)]),
+        }
+    }
+
+    fn now_us(&self) -> u64 {
+        self.epoch_us + self.started.elapsed().as_micros() as u64
+    }
+
+    /// Records that operation `seq` (`op`) was issued.
+    pub(crate) fn issued(&self, seq: u32, op: &'static str) {
+        let issued_us = self.now_us();
+        let mut slots = self.slots.lock();
+        let len = slots.len();
+        slots[seq as usize % len] = Some(FlightEntry {
+            group: self.group,
+            rank: self.rank,
+            seq,
+            op,
+            state: FlightState::Issued,
+            waiting_on: None,
+            issued_us,
+            ended_us: None,
+            error: None,
+        });
+    }
+
+    /// Applies `change` to operation `seq`'s entry, if the ring still holds it.
+    fn update(&self, seq: u32, change: impl FnOnce(&mut FlightEntry)) {
+        let mut slots = self.slots.lock();
+        let len = slots.len();
+        if let Some(entry) = slots[seq as usize % len].as_mut().filter(|e| e.seq == seq) {
+            change(entry);
+        }
+    }
+
+    /// Operation `seq` started running.
+    pub(crate) fn running(&self, seq: u32) {
+        self.update(seq, |e| e.state = FlightState::Running);
+    }
+
+    /// Operation `seq` waits for a message from world rank `peer`.
+    pub(crate) fn waiting(&self, seq: u32, peer: u32) {
+        self.update(seq, |e| e.waiting_on = Some(peer));
+    }
+
+    /// Operation `seq` ended, with `error` if it failed.
+    pub(crate) fn ended(&self, seq: u32, error: Option<&CollectiveError>) {
+        let ended_us = self.now_us();
+        self.update(seq, |e| {
+            e.ended_us = Some(ended_us);
+            match error {
+                Some(error) => {
+                    e.state = FlightState::Failed;
+                    e.error = Some(error.to_string());
+                }
+                None => e.state = FlightState::Done,
+            }
+        });
+    }
+
+    /// The recorded operations, oldest first.
+    pub(crate) fn snapshot(&self) -> Vec<FlightEntry> {
+        let mut entries: Vec<FlightEntry> = self.slots.lock().iter().flatten().cloned().collect();
+        entries.sort_by_key(|e| e.seq);
+        entries
+    }
+
+    /// The file this recorder dumps to inside `dir`.
+    pub(crate) fn file_in(&self, dir: &Path, is_world: bool) -> PathBuf {
+        if is_world {
+            dir.join(format!("rank-{}.jsonl", self.rank))
+        } else {
+            dir.join(format!("rank-{}-group-{}.jsonl", self.rank, self.group))
+        }
+    }
+
+    /// Writes the snapshot to `path` as JSON lines, replacing an earlier dump.
+    pub(crate) fn dump_to(&self, path: &Path) -> Result<()> {
+        let io = |source| CollectiveError::Io { peer: None, source };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        let mut text = Vec::new();
+        for entry in self.snapshot() {
+            serde_json::to_writer(&mut text, &entry)
+                .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+            text.push(b'\n');
+        }
+        std::fs::File::create(path)
+            .and_then(|mut file| file.write_all(&text))
+            .map_err(io)
+    }
+
+    /// Dumps to `RLX_FLIGHT_RECORDER` when it is set; a failure to write is logged, never
+    /// raised (the error being reported matters more).
+    pub(crate) fn dump_if_asked(&self, is_world: bool) {
+        let Some(dir) = std::env::var_os(FLIGHT_DIR_VAR) else {
+            return;
+        };
+        let path = self.file_in(Path::new(&dir), is_world);
+        match self.dump_to(&path) {
+            Ok(()) => tracing::info!(path = %path.display(), "wrote the flight record"),
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "could not write the flight record");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ring_keeps_the_latest_operations_in_order() {
+        let recorder = FlightRecorder::new(1, 3, 4);
+        for seq in 0..6 {
+            recorder.issued(seq, "barrier");
+            recorder.running(seq);
+            recorder.ended(seq, None);
+        }
+        recorder.issued(6, "all_reduce");
+        recorder.running(6);
+        recorder.waiting(6, 2);
+        let entries = recorder.snapshot();
+        let seqs: Vec<u32> = entries.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [3, 4, 5, 6]);
+        let last = &entries[3];
+        assert_eq!(
+            (last.op, last.state, last.waiting_on),
+            ("all_reduce", FlightState::Running, Some(2))
+        );
+        // An update for an operation the ring no longer holds changes nothing.
+        recorder.ended(2, Some(&CollectiveError::Aborted));
+        assert_eq!(recorder.snapshot(), entries);
+    }
+}
