@@ -6,6 +6,7 @@ mod bench;
 mod ci;
 mod cluster;
 mod cmd;
+mod flight_report;
 mod job;
 mod launch;
 mod loom;
@@ -31,6 +32,9 @@ enum Command {
     Ci(ci::CiArgs),
     /// Loom model checks under `--cfg rlx_loom`.
     Loom(loom::LoomArgs),
+    /// Reads the flight records a job's ranks wrote (RLX_FLIGHT_RECORDER=DIR) and names the
+    /// rank that never reached an operation, mismatched operations and whom each rank waited on.
+    FlightReport(flight_report::FlightReportArgs),
     /// The macOS type-check of `ci` alone (clippy and docs for aarch64- and x86_64-apple-darwin
     /// with Debian's Rust and its std source).
     MacosCheck,
@@ -65,6 +69,7 @@ fn main() -> ExitCode {
         }
         Command::Ci(args) => ci::run(&args),
         Command::Loom(args) => loom::run(&args),
+        Command::FlightReport(args) => flight_report::run(&args),
         Command::MacosCheck => macos::Toolchain::find().and_then(|t| macos::check(&t)),
         Command::TestCluster(args) => cluster::run(&args),
         Command::Bench(args) => bench::run(&args),

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 
+use crate::flight_report;
 use crate::job::{ChildSpec, Job, Output, Stream};
 use crate::world::{self, TransportKind, World, WorldArgs};
 use events::{CaseRecord, ErrorRecord, Event};
@@ -190,8 +191,27 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), String> {
     if let Some(f) = &fault {
         rank_args.extend(["--fault".to_owned(), f.to_arg()]);
     }
+    // With a fault, every rank keeps a flight record, and the report on them must name the
+    // faulty rank: what a user would run to find it.
+    let flight_dir = match &fault {
+        Some(_) => {
+            let dir = world::scratch_dir()?.join(format!("flight-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            Some(dir)
+        }
+        None => None,
+    };
     let specs: Vec<_> = (0..world.process_count())
-        .map(|index| world.child(index, &binary, rank_args.clone()))
+        .map(|index| {
+            let spec = world.child(index, &binary, rank_args.clone());
+            match &flight_dir {
+                Some(dir) => spec.env(
+                    rlx_collective::flight::FLIGHT_DIR_VAR,
+                    dir.display().to_string(),
+                ),
+                None => spec,
+            }
+        })
         .collect();
     println!(
         "test-cluster: {} ranks over {}{}{}{}",
@@ -212,10 +232,42 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), String> {
             .map(|f| format!(", {} rank {}", f.kind.name(), f.target))
             .unwrap_or_default(),
     );
-    let result = supervise(args, &specs, fault.as_ref(), timeout_ms);
+    let result = supervise(
+        args,
+        &specs,
+        fault.as_ref(),
+        timeout_ms,
+        flight_dir.as_deref(),
+    );
     // The namespaces and the hostfile go only after every rank is reaped.
     drop(world);
     result
+}
+
+/// Prints the flight report of a faulted run and checks that it names the faulty rank and the
+/// operation each survivor was left in. (The survivors need not be in the fault point's
+/// collective: those that did not need the faulty rank there went on to the next one.)
+fn flight_verdict(dir: &std::path::Path, fault: &Fault, ranks: u32) -> Result<(), String> {
+    let entries = flight_report::read_dir(dir)?;
+    let report = flight_report::diagnose(&entries, Some(ranks));
+    println!("\n{report}");
+    let _ = std::fs::remove_dir_all(dir);
+    let victim = fault.target.rank;
+    let named = report.contains(&format!("rank {victim}: left no record"))
+        || report.contains(&format!("rank {victim} never entered"));
+    let survivors_named = (0..ranks).filter(|&r| r != victim).all(|r| {
+        report
+            .lines()
+            .any(|l| l.starts_with(&format!("  rank {r}: ")) && l.contains(" #"))
+    });
+    if named && survivors_named {
+        Ok(())
+    } else {
+        Err(format!(
+            "the flight report does not name rank {victim} ({}) and every survivor's operation",
+            fault.target
+        ))
+    }
 }
 
 /// Starts the ranks of `specs`, watches them to the end, reaps them and judges the run.
@@ -224,6 +276,7 @@ fn supervise(
     specs: &[ChildSpec],
     fault: Option<&Fault>,
     timeout_ms: Option<u64>,
+    flight_dir: Option<&std::path::Path>,
 ) -> Result<(), String> {
     let started = Instant::now();
     let mut job = Job::spawn(specs)?;
@@ -237,7 +290,13 @@ fn supervise(
     };
     job.finish(grace);
     drop(job);
-    monitor.report(args, fault, timeout_ms, started.elapsed())
+    let flight = match (flight_dir, fault) {
+        (Some(dir), Some(fault)) => flight_verdict(dir, fault, args.ranks),
+        _ => Ok(()),
+    };
+    monitor
+        .report(args, fault, timeout_ms, started.elapsed())
+        .and(flight)
 }
 
 /// The launcher's view of the whole job while it runs, and its verdict afterwards.
@@ -734,7 +793,7 @@ mod tests {
         let specs: Vec<ChildSpec> = (0..2)
             .map(|r| scripted(r, &[start(r), case(r, 0, true), done(r, 0)], WAIT_FOR_EOF))
             .collect();
-        supervise(&args(2, 20), &specs, None, None).unwrap();
+        supervise(&args(2, 20), &specs, None, None, None).unwrap();
     }
 
     #[test]
@@ -743,7 +802,7 @@ mod tests {
             scripted(0, &[start(0), case(0, 0, true), done(0, 0)], WAIT_FOR_EOF),
             scripted(1, &[start(1), case(1, 0, false), done(1, 1)], WAIT_FOR_EOF),
         ];
-        let err = supervise(&args(2, 20), &specs, None, None).unwrap_err();
+        let err = supervise(&args(2, 20), &specs, None, None, None).unwrap_err();
         assert!(
             err.contains("WRONG: all_reduce/f32/sum/n=7/case0 on rank 1"),
             "{err}"
@@ -757,7 +816,7 @@ mod tests {
             scripted(1, &[start(1)], "sleep 30"),
         ];
         let began = Instant::now();
-        let err = supervise(&args(2, 1), &specs, None, None).unwrap_err();
+        let err = supervise(&args(2, 1), &specs, None, None, None).unwrap_err();
         assert!(began.elapsed() < Duration::from_secs(10), "{err}");
         for rank in 0..2 {
             let hang = format!("HANG: rank {rank} still running in all_reduce f32 n=7");
@@ -774,7 +833,7 @@ mod tests {
         let began = Instant::now();
         let mut quick = args(2, 300);
         quick.fault_bound = 1;
-        let err = supervise(&quick, &specs, None, None).unwrap_err();
+        let err = supervise(&quick, &specs, None, None, None).unwrap_err();
         assert!(began.elapsed() < Duration::from_secs(20), "{err}");
         assert!(
             err.contains("HANG: rank 0 still running in all_reduce f32 n=7"),
@@ -803,7 +862,7 @@ mod tests {
                 scripted(0, &[start(0), survivor_error], WAIT_FOR_EOF),
                 scripted(1, &[start(1), victim.clone()], "sleep 30"),
             ];
-            supervise(&args(2, 20), &specs, Some(&fault), None)
+            supervise(&args(2, 20), &specs, Some(&fault), None, None)
         };
         run(failed(0, "peer_lost", 1)).unwrap();
         for wrong in [failed(0, "timeout", 1), failed(0, "peer_lost", 0)] {

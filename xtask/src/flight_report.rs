@@ -1,0 +1,261 @@
+//! `cargo xtask flight-report DIR`: reads the flight records that the ranks of a job wrote to
+//! `DIR` (`RLX_FLIGHT_RECORDER=DIR`, one `rank-<r>.jsonl` per rank) and says what a user needs
+//! to know about a hang or a failure: how far every rank got, the first operation that some
+//! rank never entered (and what that rank was doing instead), operations that differ between
+//! ranks at the same sequence number, and whom each unfinished operation waited on. A rank that
+//! left no record (killed, or stopped before it could write) is named as such.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde::Deserialize;
+
+/// Flags of `cargo xtask flight-report`.
+#[derive(Debug, Args)]
+pub(crate) struct FlightReportArgs {
+    /// The directory the ranks dumped their records to.
+    pub(crate) dir: PathBuf,
+    /// The job's world size, so that ranks without a record are named too.
+    #[arg(long)]
+    pub(crate) world: Option<u32>,
+}
+
+/// One line of a rank's record (the fields `rlx_collective::flight::FlightEntry` writes).
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct Entry {
+    pub(crate) group: u16,
+    pub(crate) rank: u32,
+    pub(crate) seq: u32,
+    pub(crate) op: String,
+    pub(crate) state: String,
+    pub(crate) waiting_on: Option<u32>,
+    pub(crate) error: Option<String>,
+}
+
+impl Entry {
+    fn describe(&self) -> String {
+        let mut text = format!("{} #{} ({}", self.op, self.seq, self.state);
+        if self.state != "done" {
+            if let Some(peer) = self.waiting_on {
+                let _ = write!(text, ", waiting on rank {peer}");
+            }
+        }
+        if let Some(error) = &self.error {
+            let _ = write!(text, ": {error}");
+        }
+        text.push(')');
+        text
+    }
+}
+
+/// Prints the report of the records in `args.dir`.
+pub(crate) fn run(args: &FlightReportArgs) -> Result<(), String> {
+    let entries = read_dir(&args.dir)?;
+    print!("{}", diagnose(&entries, args.world));
+    Ok(())
+}
+
+/// Every entry of every `rank-*.jsonl` file in `dir`.
+pub(crate) fn read_dir(dir: &Path) -> Result<Vec<Entry>, String> {
+    let listing = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut entries = Vec::new();
+    for file in listing.flatten() {
+        let path = file.path();
+        let name = file.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with("rank-") && name.ends_with(".jsonl")) {
+            continue;
+        }
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        for (number, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let entry = serde_json::from_str(line)
+                .map_err(|e| format!("{}:{}: {e}", path.display(), number + 1))?;
+            entries.push(entry);
+        }
+    }
+    Ok(entries)
+}
+
+/// The report on `entries`, group by group; `world` names the ranks expected.
+pub(crate) fn diagnose(entries: &[Entry], world: Option<u32>) -> String {
+    let mut out = String::new();
+    let groups: BTreeSet<u16> = entries.iter().map(|e| e.group).collect();
+    if groups.is_empty() {
+        out.push_str("flight report: no records\n");
+    }
+    for group in groups {
+        // rank -> seq -> entry
+        let mut ranks: BTreeMap<u32, BTreeMap<u32, &Entry>> = BTreeMap::new();
+        for entry in entries.iter().filter(|e| e.group == group) {
+            ranks
+                .entry(entry.rank)
+                .or_default()
+                .insert(entry.seq, entry);
+        }
+        let present: Vec<String> = ranks.keys().map(ToString::to_string).collect();
+        let _ = writeln!(
+            out,
+            "flight report, group {group}: records of rank(s) {}",
+            present.join(", ")
+        );
+        if let Some(world) = world.filter(|_| group == 1) {
+            for rank in (0..world).filter(|r| !ranks.contains_key(r)) {
+                let _ = writeln!(
+                    out,
+                    "  rank {rank}: left no record (killed, or stopped before it could write one)"
+                );
+            }
+        }
+        for (rank, ops) in &ranks {
+            let done = ops
+                .values()
+                .filter(|e| e.state == "done")
+                .map(|e| e.seq)
+                .max();
+            let unfinished: Vec<String> = ops
+                .values()
+                .filter(|e| e.state != "done")
+                .map(|e| e.describe())
+                .collect();
+            let done = done.map_or_else(|| "nothing".to_owned(), |s| format!("up to #{s}"));
+            let now = if unfinished.is_empty() {
+                "nothing unfinished".to_owned()
+            } else {
+                unfinished.join("; ")
+            };
+            let _ = writeln!(out, "  rank {rank}: completed {done}; {now}");
+        }
+        // Only sequence numbers every ring still covers can be compared.
+        let from = ranks
+            .values()
+            .filter_map(|ops| ops.keys().next().copied())
+            .max()
+            .unwrap_or(0);
+        let to = ranks
+            .values()
+            .filter_map(|ops| ops.keys().next_back().copied())
+            .max()
+            .unwrap_or(0);
+        for seq in from..=to {
+            let missing: Vec<u32> = ranks
+                .iter()
+                .filter(|(_, ops)| !ops.contains_key(&seq))
+                .map(|(rank, _)| *rank)
+                .collect();
+            if missing.is_empty() {
+                continue;
+            }
+            let op = ranks
+                .values()
+                .find_map(|ops| ops.get(&seq))
+                .map_or("?", |e| e.op.as_str());
+            for rank in missing {
+                let instead = ranks[&rank]
+                    .values()
+                    .next_back()
+                    .map_or_else(|| "no operation".to_owned(), |e| e.describe());
+                let _ = writeln!(
+                    out,
+                    "  first operation not entered by every rank: {op} #{seq}: rank {rank} never \
+                     entered it (its last: {instead})"
+                );
+            }
+            break;
+        }
+        for seq in from..=to {
+            let names: BTreeMap<&str, Vec<u32>> =
+                ranks
+                    .iter()
+                    .fold(BTreeMap::new(), |mut names, (rank, ops)| {
+                        if let Some(entry) = ops.get(&seq) {
+                            names.entry(entry.op.as_str()).or_default().push(*rank);
+                        }
+                        names
+                    });
+            if names.len() > 1 {
+                let parts: Vec<String> = names
+                    .iter()
+                    .map(|(op, ranks)| format!("rank(s) {ranks:?} in {op}"))
+                    .collect();
+                let _ = writeln!(out, "  mismatch at #{seq}: {}", parts.join(", "));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
+
+    use super::*;
+
+    /// Ranks 0 and 1 enter an all-reduce that rank 2 never issues: their records, dumped after
+    /// the timeout, make the report name rank 2 and the operation it never entered.
+    #[test]
+    fn the_report_names_the_rank_that_never_arrived() {
+        let dir = std::env::temp_dir().join(format!("rlx-flight-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let world = MemTransport::fan_out_with_timeout(3, Duration::from_millis(500));
+        let threads: Vec<_> = world
+            .into_iter()
+            .map(|t| {
+                let dir = dir.clone();
+                std::thread::spawn(move || {
+                    let group = ProcessGroup::new(t as Arc<dyn Transport>);
+                    group.barrier().unwrap();
+                    if group.rank() != 2 {
+                        let mut x = [1.0f32; 4];
+                        assert!(group.all_reduce(&mut x, ReduceKind::Sum).is_err());
+                    }
+                    group.dump_flight_record(&dir).unwrap();
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let report = diagnose(&read_dir(&dir).unwrap(), Some(4));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            report.contains("all_reduce #1: rank 2 never entered it (its last: barrier #0 (done))"),
+            "{report}"
+        );
+        assert!(report.contains("rank 3: left no record"), "{report}");
+        assert!(
+            report.contains("rank 0: completed up to #0; all_reduce #1 (failed"),
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn different_operations_at_one_sequence_number_are_a_mismatch() {
+        let entry = |rank, op: &str| Entry {
+            group: 1,
+            rank,
+            seq: 7,
+            op: op.to_owned(),
+            state: "running".to_owned(),
+            waiting_on: Some(1 - rank),
+            error: None,
+        };
+        let report = diagnose(&[entry(0, "all_reduce"), entry(1, "broadcast")], None);
+        assert!(
+            report.contains("mismatch at #7: rank(s) [0] in all_reduce, rank(s) [1] in broadcast"),
+            "{report}"
+        );
+        assert!(
+            report.contains("all_reduce #7 (running, waiting on rank 1)"),
+            "{report}"
+        );
+    }
+}
