@@ -7,8 +7,9 @@
 //! its sequence number, so the steady state allocates nothing (only a failure's message is a
 //! string). It is dumped as JSON lines to `RLX_FLIGHT_RECORDER/rank-<world rank>.jsonl`
 //! (`rank-<r>-group-<g>.jsonl` for a sub-group) when an operation fails fatally and when the
-//! group is dropped, if that variable names a directory; [`ProcessGroup::flight_record`]
-//! (crate::ProcessGroup::flight_record) returns a snapshot at any time.
+//! group is dropped, if that variable names a directory;
+//! [`ProcessGroup::flight_record`](crate::ProcessGroup::flight_record) returns a snapshot at
+//! any time.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
