@@ -1,5 +1,6 @@
 //! The flight recorder: every group keeps a bounded ring of its recent operations (sequence
-//! number, operation, state, the peer it last waited on, timestamps), so that when a job hangs
+//! number, operation, dtype, element count, algorithm, state, the peer it last waited on,
+//! timestamps), so that when a job hangs
 //! or fails, each rank can say what it was doing, and `cargo xtask flight-report` can name the
 //! rank that never reached an operation.
 //!
@@ -52,6 +53,12 @@ pub struct FlightEntry {
     pub seq: u32,
     /// The operation (`"all_reduce"`, `"barrier"`, ...).
     pub op: &'static str,
+    /// The element type, once the operation started (`"f32"`, ...).
+    pub dtype: Option<&'static str>,
+    /// Elements per rank of its input, once it started.
+    pub elements: Option<u64>,
+    /// The algorithm that runs it, once chosen (`"ring"`, `"native"`, ...).
+    pub algorithm: Option<&'static str>,
     /// Where it is.
     pub state: FlightState,
     /// The world rank it last waited for a message from, if it waited at all.
@@ -106,6 +113,9 @@ impl FlightRecorder {
             rank: self.rank,
             seq,
             op,
+            dtype: None,
+            elements: None,
+            algorithm: None,
             state: FlightState::Issued,
             waiting_on: None,
             issued_us,
@@ -126,6 +136,19 @@ impl FlightRecorder {
     /// Operation `seq` started running.
     pub(crate) fn running(&self, seq: u32) {
         self.update(seq, |e| e.state = FlightState::Running);
+    }
+
+    /// Operation `seq` moves `elements` elements of `dtype` per rank.
+    pub(crate) fn data(&self, seq: u32, dtype: &'static str, elements: u64) {
+        self.update(seq, |e| {
+            e.dtype = Some(dtype);
+            e.elements = Some(elements);
+        });
+    }
+
+    /// Operation `seq` runs on `algorithm`.
+    pub(crate) fn algorithm(&self, seq: u32, algorithm: &'static str) {
+        self.update(seq, |e| e.algorithm = Some(algorithm));
     }
 
     /// Operation `seq` waits for a message from world rank `peer`.
@@ -211,6 +234,8 @@ mod tests {
         }
         recorder.issued(6, "all_reduce");
         recorder.running(6);
+        recorder.data(6, "bf16", 1000);
+        recorder.algorithm(6, "ring");
         recorder.waiting(6, 2);
         let entries = recorder.snapshot();
         let seqs: Vec<u32> = entries.iter().map(|e| e.seq).collect();
@@ -219,6 +244,10 @@ mod tests {
         assert_eq!(
             (last.op, last.state, last.waiting_on),
             ("all_reduce", FlightState::Running, Some(2))
+        );
+        assert_eq!(
+            (last.dtype, last.elements, last.algorithm),
+            (Some("bf16"), Some(1000), Some("ring"))
         );
         // An update for an operation the ring no longer holds changes nothing.
         recorder.ended(2, Some(&CollectiveError::Aborted));

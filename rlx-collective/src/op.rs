@@ -17,7 +17,7 @@ use crate::all_reduce::one_sided::region::OneSided;
 use crate::flight::FlightRecorder;
 use crate::health::{FailureScope, GROUP_NOTICE_PHASE, Health, NOTICE_SLICE, Watch};
 use crate::select::{Algorithm, CollectiveOp, Settings};
-use crate::{CollectiveError, Failure, NativeCollectives, Result, Tag, Transport};
+use crate::{CollectiveError, DType, Failure, NativeCollectives, Result, Tag, Transport};
 
 /// How much longer a slice lasts per byte of the awaited message: one nanosecond, the time a
 /// byte takes to land at 1 GB/s. A socket transport whose deadline falls while a message is
@@ -252,6 +252,20 @@ impl<'a> OpCtx<'a> {
         self.watch.wait(timeout, NOTICE_SLICE, |deadline| {
             self.transport.recv_message(peer, self.tag, deadline)
         })
+    }
+
+    /// Checks that `bytes` is a whole number of `dtype` elements and records in the flight
+    /// recorder how many this operation moves per rank; every algorithm module calls it first.
+    pub(crate) fn start(&self, dtype: DType, bytes: usize) -> Result<()> {
+        crate::check_dtype_len(bytes, dtype)?;
+        self.flight
+            .data(self.seq, dtype.name(), (bytes / dtype.size()) as u64);
+        Ok(())
+    }
+
+    /// Records in the flight recorder the algorithm that runs this operation.
+    pub(crate) fn record_algorithm(&self, algorithm: &'static str) {
+        self.flight.algorithm(self.seq, algorithm);
     }
 
     /// The timeout error for waiting on world rank `peer`.

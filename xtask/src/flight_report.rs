@@ -29,6 +29,9 @@ pub(crate) struct Entry {
     pub(crate) rank: u32,
     pub(crate) seq: u32,
     pub(crate) op: String,
+    pub(crate) dtype: Option<String>,
+    pub(crate) elements: Option<u64>,
+    pub(crate) algorithm: Option<String>,
     pub(crate) state: String,
     pub(crate) waiting_on: Option<u32>,
     pub(crate) error: Option<String>,
@@ -36,7 +39,14 @@ pub(crate) struct Entry {
 
 impl Entry {
     fn describe(&self) -> String {
-        let mut text = format!("{} #{} ({}", self.op, self.seq, self.state);
+        let mut text = format!("{} #{}", self.op, self.seq);
+        if let (Some(dtype), Some(elements)) = (&self.dtype, self.elements) {
+            let _ = write!(text, " of {elements} {dtype}");
+        }
+        if let Some(algorithm) = &self.algorithm {
+            let _ = write!(text, " by {algorithm}");
+        }
+        let _ = write!(text, " ({}", self.state);
         if self.state != "done" {
             if let Some(peer) = self.waiting_on {
                 let _ = write!(text, ", waiting on rank {peer}");
@@ -227,12 +237,15 @@ mod tests {
         let report = diagnose(&read_dir(&dir).unwrap(), Some(4));
         let _ = std::fs::remove_dir_all(&dir);
         assert!(
-            report.contains("all_reduce #1: rank 2 never entered it (its last: barrier #0 (done))"),
+            report.contains(
+                "all_reduce #1: rank 2 never entered it (its last: barrier #0 by dissemination \
+                 (done))"
+            ),
             "{report}"
         );
         assert!(report.contains("rank 3: left no record"), "{report}");
         assert!(
-            report.contains("rank 0: completed up to #0; all_reduce #1 (failed"),
+            report.contains("rank 0: completed up to #0; all_reduce #1 of 4 f32 by"),
             "{report}"
         );
     }
@@ -244,6 +257,9 @@ mod tests {
             rank,
             seq: 7,
             op: op.to_owned(),
+            dtype: Some("f32".to_owned()),
+            elements: Some(8),
+            algorithm: Some("ring".to_owned()),
             state: "running".to_owned(),
             waiting_on: Some(1 - rank),
             error: None,
@@ -254,7 +270,7 @@ mod tests {
             "{report}"
         );
         assert!(
-            report.contains("all_reduce #7 (running, waiting on rank 1)"),
+            report.contains("all_reduce #7 of 8 f32 by ring (running, waiting on rank 1)"),
             "{report}"
         );
     }

@@ -12,7 +12,7 @@ use crate::{CollectiveError, DType, NativeOp, Result};
 /// Gathers the `dtype` elements of `local` from every rank into `out` (n × `local.len()`
 /// bytes).
 pub(crate) fn run(ctx: &OpCtx<'_>, local: &[u8], out: &mut [u8], dtype: DType) -> Result<()> {
-    crate::check_dtype_len(local.len(), dtype)?;
+    ctx.start(dtype, local.len())?;
     let n = ctx.size() as usize;
     let total = out.len();
     if local.len() as u128 * n as u128 != total as u128 {
@@ -27,10 +27,13 @@ pub(crate) fn run(ctx: &OpCtx<'_>, local: &[u8], out: &mut [u8], dtype: DType) -
     }
     if let Some(native) = ctx.native() {
         if native.supports(NativeOp::AllGather, dtype, None) {
+            ctx.record_algorithm("native");
             return native.all_gather(local, out, dtype);
         }
     }
-    match ctx.settings.all_gather(total) {
+    let algorithm = ctx.settings.all_gather(total);
+    ctx.record_algorithm(algorithm.name());
+    match algorithm {
         Algorithm::Bruck => bruck::run(ctx, local, out)?,
         Algorithm::Ring => {
             let esize = dtype.size();

@@ -28,17 +28,20 @@ pub(crate) fn run(
     } else {
         None
     };
-    crate::check_dtype_len(data.len(), dtype)?;
+    ctx.start(dtype, data.len())?;
     kernels::wide_size(dtype)?;
     if n == 1 {
         return Ok(());
     }
     if let Some(native) = ctx.native() {
         if native.supports(NativeOp::AllReduce, dtype, Some(reduce)) {
+            ctx.record_algorithm("native");
             return native.all_reduce(data, dtype, reduce);
         }
     }
-    match ctx.settings.all_reduce(data.len(), n) {
+    let algorithm = ctx.settings.all_reduce(data.len(), n);
+    ctx.record_algorithm(algorithm.name());
+    match algorithm {
         Algorithm::RecursiveDoubling => recursive_doubling::run(ctx, data, dtype, reduce),
         Algorithm::Ring => {
             let segment_bytes = ctx.settings.segment_bytes(data.len(), dtype.size());

@@ -9,7 +9,8 @@ use crate::{CollectiveError, DType, Result};
 
 /// Exchanges the blocks of `send` (elements of `dtype`); returns the received blocks.
 pub(crate) fn run(ctx: &OpCtx<'_>, send: &[u8], dtype: DType) -> Result<Vec<u8>> {
-    crate::check_dtype_len(send.len(), dtype)?;
+    ctx.start(dtype, send.len())?;
+    ctx.record_algorithm("pairwise");
     let n = ctx.size() as usize;
     let esize = dtype.size();
     let count = send.len() / esize;

@@ -6,6 +6,7 @@ use crate::op::OpCtx;
 
 /// Returns once every member has entered this barrier.
 pub(crate) fn run(ctx: &OpCtx<'_>) -> Result<()> {
+    ctx.record_algorithm("dissemination");
     let n = ctx.size();
     let mut distance = 1u32;
     while distance < n {

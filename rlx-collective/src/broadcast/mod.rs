@@ -9,13 +9,15 @@ use crate::{CollectiveError, DType, Result};
 
 /// Broadcasts the root's `data` (elements of `dtype`) into every rank's `data`.
 pub(crate) fn run(ctx: &OpCtx<'_>, root: u32, data: &mut [u8], dtype: DType) -> Result<()> {
-    crate::check_dtype_len(data.len(), dtype)?;
+    ctx.start(dtype, data.len())?;
     ctx.check_root(root)?;
     let n = ctx.size();
     if n == 1 {
         return Ok(());
     }
-    match ctx.settings.broadcast(data.len(), n) {
+    let algorithm = ctx.settings.broadcast(data.len(), n);
+    ctx.record_algorithm(algorithm.name());
+    match algorithm {
         Algorithm::BinomialTree => binomial::run(ctx, root, data),
         Algorithm::PipelinedChain => {
             let segment_bytes = ctx.settings.segment_bytes(data.len(), dtype.size());

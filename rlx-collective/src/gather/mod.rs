@@ -13,7 +13,8 @@ pub(crate) fn run(
     local: &[u8],
     dtype: DType,
 ) -> Result<Option<Vec<u8>>> {
-    crate::check_dtype_len(local.len(), dtype)?;
+    ctx.start(dtype, local.len())?;
+    ctx.record_algorithm("linear");
     ctx.check_root(root)?;
     if ctx.rank != root {
         linear::run(ctx, root, local, &mut [])?;

@@ -14,7 +14,8 @@ pub(crate) fn run(
     dtype: DType,
     reduce: ReduceKind,
 ) -> Result<()> {
-    crate::check_dtype_len(data.len(), dtype)?;
+    ctx.start(dtype, data.len())?;
+    ctx.record_algorithm("binomial_tree");
     kernels::wide_size(dtype)?;
     ctx.check_root(root)?;
     if ctx.size() == 1 {

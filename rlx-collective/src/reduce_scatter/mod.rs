@@ -14,7 +14,7 @@ pub(crate) fn run(
     dtype: DType,
     reduce: ReduceKind,
 ) -> Result<Vec<u8>> {
-    crate::check_dtype_len(input.len(), dtype)?;
+    ctx.start(dtype, input.len())?;
     kernels::wide_size(dtype)?;
     let n = ctx.size() as usize;
     let esize = dtype.size();
@@ -29,11 +29,13 @@ pub(crate) fn run(
     if let Some(native) = ctx.native() {
         let equal = input.len() % (n * esize) == 0;
         if equal && native.supports(NativeOp::ReduceScatter, dtype, Some(reduce)) {
+            ctx.record_algorithm("native");
             let mut out = vec![0u8; mine.len()];
             native.reduce_scatter(input, &mut out, dtype, reduce)?;
             return Ok(out);
         }
     }
+    ctx.record_algorithm("ring");
     let mut work = input.to_vec();
     let segment_bytes = ctx.settings.segment_bytes(input.len(), esize);
     ring::run(ctx, &mut work, dtype, reduce, segment_bytes)?;

@@ -14,7 +14,8 @@ pub(crate) fn run(
     recv: &mut [u8],
     dtype: DType,
 ) -> Result<()> {
-    crate::check_dtype_len(recv.len(), dtype)?;
+    ctx.start(dtype, recv.len())?;
+    ctx.record_algorithm("linear");
     ctx.check_root(root)?;
     if ctx.rank == root {
         let expected = recv.len() as u64 * u64::from(ctx.size());
