@@ -6,6 +6,7 @@ mod bench;
 mod ci;
 mod cluster;
 mod cmd;
+mod doctor;
 mod flight_report;
 mod job;
 mod launch;
@@ -32,6 +33,12 @@ enum Command {
     Ci(ci::CiArgs),
     /// Loom model checks under `--cfg rlx_loom`.
     Loom(loom::LoomArgs),
+    /// A pre-flight check of every rank pair: route and interface, MTU, RTT, bandwidth, clock
+    /// skew, Thunderbolt links, versions, with advice.
+    Doctor(doctor::DoctorArgs),
+    /// One doctor rank (started by doctor).
+    #[command(name = "__doctor-rank", hide = true)]
+    DoctorRank,
     /// Reads the flight records a job's ranks wrote (RLX_FLIGHT_RECORDER=DIR) and names the
     /// rank that never reached an operation, mismatched operations and whom each rank waited on.
     FlightReport(flight_report::FlightReportArgs),
@@ -70,6 +77,8 @@ fn main() -> ExitCode {
         Command::Ci(args) => ci::run(&args),
         Command::Loom(args) => loom::run(&args),
         Command::FlightReport(args) => flight_report::run(&args),
+        Command::Doctor(args) => doctor::run(&args),
+        Command::DoctorRank => doctor::rank_main(),
         Command::MacosCheck => macos::Toolchain::find().and_then(|t| macos::check(&t)),
         Command::TestCluster(args) => cluster::run(&args),
         Command::Bench(args) => bench::run(&args),

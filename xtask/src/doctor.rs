@@ -1,0 +1,562 @@
+//! `cargo xtask doctor`: a pre-flight check of the links a job would use. It starts the ranks
+//! the way a job starts (the same launch environment, `--netns` included), and every rank
+//! reports, for each peer, the local interface and address the kernel routes to it through,
+//! that interface's MTU, whether it is wireless or loopback, the round-trip time (median and
+//! p99 of 8-byte ping-pongs), the bandwidth of a 32 MiB transfer, and the clock skew; plus its
+//! host, its Thunderbolt links, its version and compiled backends. The launcher prints the
+//! matrix and advice, and flags every pair whose route leaves through a wireless interface,
+//! through loopback between two hosts, or through an interface the configured
+//! `RLX_SOCKET_IFNAME`/`RLX_TB_IFNAME` does not name.
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use crate::job::{ChildSpec, Job, Output, Stream};
+use crate::world::{self, World, WorldArgs};
+
+/// Flags of `cargo xtask doctor`.
+#[derive(Debug, Args)]
+pub(crate) struct DoctorArgs {
+    /// Number of ranks.
+    #[arg(short = 'n', long = "ranks", default_value_t = 2)]
+    pub(crate) ranks: u32,
+    /// The transport, rendezvous and network namespaces, as for a job.
+    #[command(flatten)]
+    pub(crate) world: WorldArgs,
+    /// Also write the ranks' reports and the advice as JSON to this file.
+    #[arg(long)]
+    pub(crate) json: Option<std::path::PathBuf>,
+}
+
+/// The line prefix of a rank's report on its stdout.
+const RESULT_PREFIX: &str = "doctor-result ";
+
+/// Ping-pongs per pair.
+const PINGS: usize = 200;
+
+/// Bytes of the bandwidth transfer, in messages of [`CHUNK`].
+const TRANSFER: usize = 32 << 20;
+const CHUNK: usize = 1 << 20;
+
+/// One rank's view of one peer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct PeerReport {
+    pub(crate) peer: u32,
+    pub(crate) addr: Option<String>,
+    /// The local interface the route to the peer leaves through, and its address.
+    pub(crate) interface: Option<String>,
+    pub(crate) local: Option<String>,
+    pub(crate) mtu: Option<u32>,
+    pub(crate) wireless: bool,
+    pub(crate) loopback: bool,
+    /// Measured by the lower rank of the pair only.
+    pub(crate) rtt_median_us: Option<f64>,
+    pub(crate) rtt_p99_us: Option<f64>,
+    pub(crate) gbytes_per_s: Option<f64>,
+    /// The peer's clock minus this rank's, estimated from the ping-pongs.
+    pub(crate) skew_us: Option<f64>,
+}
+
+/// One rank's report.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct RankReport {
+    pub(crate) rank: u32,
+    pub(crate) host: String,
+    pub(crate) version: String,
+    pub(crate) backends: Vec<String>,
+    pub(crate) thunderbolt_links: Vec<String>,
+    /// `RLX_SOCKET_IFNAME` and `RLX_TB_IFNAME` as the rank saw them.
+    pub(crate) socket_ifname: Option<String>,
+    pub(crate) tb_ifname: Option<String>,
+    pub(crate) peers: Vec<PeerReport>,
+}
+
+/// Runs the check and prints the matrix and the advice.
+pub(crate) fn run(args: &DoctorArgs) -> Result<(), String> {
+    let config = args.world.config(args.ranks, Some(60_000));
+    let binary = world::rank_binary(args.world.transport)?;
+    let world = World::prepare(&config)?;
+    let specs: Vec<ChildSpec> = (0..world.process_count())
+        .map(|index| world.child(index, &binary, vec!["__doctor-rank".to_owned()]))
+        .collect();
+    let reports = collect(&specs)?;
+    drop(world);
+    let advice = advise(&reports);
+    print!("{}", render(&reports, &advice));
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({ "ranks": reports, "advice": advice });
+        std::fs::write(path, json.to_string())
+            .map_err(|e| format!("could not write {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Runs the doctor ranks of `specs` and returns their reports in rank order.
+pub(crate) fn collect(specs: &[ChildSpec]) -> Result<Vec<RankReport>, String> {
+    let mut job = Job::spawn(specs)?;
+    let mut reports = Vec::new();
+    let mut errors = Vec::new();
+    let mut closed = 0;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while closed < specs.len() && Instant::now() < deadline {
+        match job.next(Duration::from_millis(50)) {
+            Some(Output::Line {
+                child,
+                stream,
+                text,
+            }) => match (stream, text.strip_prefix(RESULT_PREFIX)) {
+                (Stream::Stdout, Some(json)) => match serde_json::from_str::<RankReport>(json) {
+                    Ok(report) => reports.push(report),
+                    Err(e) => errors.push(format!("{}: bad report: {e}", job.label(child))),
+                },
+                (Stream::Stderr, _) => errors.push(format!("{}: {text}", job.label(child))),
+                _ => {}
+            },
+            Some(Output::Closed { .. }) => closed += 1,
+            None => {}
+        }
+    }
+    let statuses = job.finish(Duration::from_secs(5));
+    if reports.len() != specs.len() {
+        return Err(format!(
+            "{} of {} ranks reported ({statuses:?}): {}",
+            reports.len(),
+            specs.len(),
+            errors.join("; ")
+        ));
+    }
+    reports.sort_by_key(|r| r.rank);
+    Ok(reports)
+}
+
+/// What to fix, one sentence per problem found.
+pub(crate) fn advise(reports: &[RankReport]) -> Vec<String> {
+    let mut advice = Vec::new();
+    let hosts: std::collections::BTreeSet<&str> = reports.iter().map(|r| r.host.as_str()).collect();
+    for report in reports {
+        for peer in &report.peers {
+            let Some(interface) = &peer.interface else {
+                continue;
+            };
+            let pair = format!("rank {} ↔ {}", report.rank, peer.peer);
+            let tb = report.thunderbolt_links.first();
+            if peer.wireless {
+                let fix = match tb {
+                    Some(link) => {
+                        format!("set RLX_TB_IFNAME={link} (or RLX_SOCKET_IFNAME=={link})")
+                    }
+                    None => "set RLX_SOCKET_IFNAME to a wired interface".to_owned(),
+                };
+                advice.push(format!(
+                    "{pair} goes over {interface}, a wireless link; {fix}"
+                ));
+            }
+            if peer.loopback && hosts.len() > 1 {
+                advice.push(format!(
+                    "{pair} goes over loopback in a job of {} hosts: the peer's address is a \
+                     loopback one; set RLX_SOCKET_IFNAME to the interface between the hosts",
+                    hosts.len()
+                ));
+            }
+            for (var, filter) in [
+                ("RLX_SOCKET_IFNAME", &report.socket_ifname),
+                ("RLX_TB_IFNAME", &report.tb_ifname),
+            ] {
+                let Some(spec) = filter else { continue };
+                let matches = rlx_transport::ifname::IfnameFilter::parse(spec)
+                    .is_ok_and(|f| f.matches(interface));
+                if !matches && !peer.loopback {
+                    advice.push(format!(
+                        "{pair} goes over {interface}, which {var}={spec} does not name: the \
+                         route to {} leaves through another interface",
+                        peer.addr.as_deref().unwrap_or("the peer")
+                    ));
+                }
+            }
+        }
+    }
+    advice
+}
+
+/// The matrix and the advice, as the user reads them.
+pub(crate) fn render(reports: &[RankReport], advice: &[String]) -> String {
+    let mut out = String::new();
+    for r in reports {
+        let tb = if r.thunderbolt_links.is_empty() {
+            "none".to_owned()
+        } else {
+            r.thunderbolt_links.join(", ")
+        };
+        let _ = writeln!(
+            out,
+            "rank {} on {}: rlx {} (backends {}), Thunderbolt links: {tb}",
+            r.rank,
+            r.host,
+            r.version,
+            r.backends.join(", ")
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\n{:<9} {:<22} {:<14} {:>6} {:>10} {:>10} {:>9} {:>10}",
+        "pair", "peer address", "interface", "mtu", "rtt med", "rtt p99", "GB/s", "skew"
+    );
+    let us = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1} us"));
+    for r in reports {
+        for p in r.peers.iter().filter(|p| p.rtt_median_us.is_some()) {
+            let _ = writeln!(
+                out,
+                "{:<9} {:<22} {:<14} {:>6} {:>10} {:>10} {:>9} {:>10}",
+                format!("{} ↔ {}", r.rank, p.peer),
+                p.addr.as_deref().unwrap_or("-"),
+                p.interface.as_deref().unwrap_or("-"),
+                p.mtu.map_or_else(|| "-".to_owned(), |m| m.to_string()),
+                us(p.rtt_median_us),
+                us(p.rtt_p99_us),
+                p.gbytes_per_s
+                    .map_or_else(|| "-".to_owned(), |g| format!("{g:.2}")),
+                us(p.skew_us),
+            );
+        }
+    }
+    if advice.is_empty() {
+        out.push_str("\nno problems found\n");
+    } else {
+        out.push_str("\nadvice:\n");
+        for line in advice {
+            let _ = writeln!(out, "  - {line}");
+        }
+    }
+    out
+}
+
+/// The rank side (`__doctor-rank`): joins the job, measures every pair, prints its report.
+pub(crate) fn rank_main() -> Result<(), String> {
+    use rlx_transport::Transport;
+
+    let t = rlx_net::TcpTransport::from_env().map_err(|e| format!("could not join: {e}"))?;
+    let (me, n) = (t.rank(), t.world_size());
+    let mut peers: Vec<PeerReport> = (0..n)
+        .filter(|&p| p != me)
+        .map(|peer| describe_peer(peer, t.peer_addr(peer)))
+        .collect();
+    // One pair at a time, so that measurements do not share the links or the cores.
+    for a in 0..n {
+        for b in a + 1..n {
+            if me == a {
+                let slot = peers.iter_mut().find(|p| p.peer == b);
+                let measured = measure_as_initiator(&t, b)?;
+                if let Some(slot) = slot {
+                    slot.rtt_median_us = Some(measured.0);
+                    slot.rtt_p99_us = Some(measured.1);
+                    slot.skew_us = Some(measured.2);
+                    slot.gbytes_per_s = Some(measured.3);
+                }
+            } else if me == b {
+                measure_as_responder(&t, a)?;
+            }
+            t.barrier().map_err(|e| e.to_string())?;
+        }
+    }
+    let report = RankReport {
+        rank: me,
+        host: hostname(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        backends: rlx_collective::compiled_backends()
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
+        thunderbolt_links: rlx_tb::discover()
+            .map(|links| links.into_iter().map(|l| l.name).collect())
+            .unwrap_or_default(),
+        socket_ifname: std::env::var("RLX_SOCKET_IFNAME").ok(),
+        tb_ifname: std::env::var("RLX_TB_IFNAME").ok(),
+        peers,
+    };
+    let json = serde_json::to_string(&report).map_err(|e| e.to_string())?;
+    println!("{RESULT_PREFIX}{json}");
+    Ok(())
+}
+
+const PING_TAG: u32 = 11;
+const DATA_TAG: u32 = 12;
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// RTT median and p99 and skew (µs), and bandwidth (GB/s) towards `peer`.
+fn measure_as_initiator(
+    t: &rlx_net::TcpTransport,
+    peer: u32,
+) -> Result<(f64, f64, f64, f64), String> {
+    use rlx_transport::Transport;
+
+    let mut rtts = Vec::with_capacity(PINGS);
+    let mut skews = Vec::with_capacity(PINGS);
+    for _ in 0..PINGS {
+        let sent = now_ns();
+        let started = Instant::now();
+        t.send_bytes(peer, PING_TAG, &sent.to_le_bytes())
+            .map_err(|e| e.to_string())?;
+        let reply = t.recv_bytes(peer, PING_TAG).map_err(|e| e.to_string())?;
+        let rtt = started.elapsed().as_secs_f64() * 1e6;
+        let theirs = reply
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+            .ok_or("a short ping reply")?;
+        skews.push((theirs as f64 - sent as f64) / 1e3 - rtt / 2.0);
+        rtts.push(rtt);
+    }
+    rtts.sort_by(f64::total_cmp);
+    skews.sort_by(f64::total_cmp);
+    let chunk = vec![0x5Au8; CHUNK];
+    let started = Instant::now();
+    for _ in 0..TRANSFER / CHUNK {
+        t.send_bytes(peer, DATA_TAG, &chunk)
+            .map_err(|e| e.to_string())?;
+    }
+    t.recv_bytes(peer, DATA_TAG).map_err(|e| e.to_string())?;
+    let gbytes = TRANSFER as f64 / started.elapsed().as_secs_f64() / 1e9;
+    Ok((
+        rtts[rtts.len() / 2],
+        rtts[rtts.len() * 99 / 100],
+        skews[skews.len() / 2],
+        gbytes,
+    ))
+}
+
+fn measure_as_responder(t: &rlx_net::TcpTransport, peer: u32) -> Result<(), String> {
+    use rlx_transport::Transport;
+
+    for _ in 0..PINGS {
+        t.recv_bytes(peer, PING_TAG).map_err(|e| e.to_string())?;
+        t.send_bytes(peer, PING_TAG, &now_ns().to_le_bytes())
+            .map_err(|e| e.to_string())?;
+    }
+    for _ in 0..TRANSFER / CHUNK {
+        t.recv_bytes(peer, DATA_TAG).map_err(|e| e.to_string())?;
+    }
+    t.send_bytes(peer, DATA_TAG, &[1])
+        .map_err(|e| e.to_string())
+}
+
+/// The route to `addr` as the kernel chooses it: the local interface and address.
+fn describe_peer(peer: u32, addr: Option<SocketAddr>) -> PeerReport {
+    let route = addr.and_then(|addr| {
+        let bind: SocketAddr = match addr {
+            SocketAddr::V4(_) => ([0, 0, 0, 0], 0).into(),
+            SocketAddr::V6(_) => ([0u16; 8], 0).into(),
+        };
+        let udp = UdpSocket::bind(bind).ok()?;
+        // Connecting a UDP socket sends nothing; it only asks the kernel for the route.
+        udp.connect(addr).ok()?;
+        udp.local_addr().ok().map(|l| l.ip())
+    });
+    let interface = route.and_then(interface_of);
+    PeerReport {
+        peer,
+        addr: addr.map(|a| a.to_string()),
+        mtu: interface.as_deref().and_then(mtu_of),
+        wireless: interface.as_deref().is_some_and(is_wireless),
+        loopback: route.is_some_and(|ip| ip.is_loopback()),
+        interface,
+        local: route.map(|ip| ip.to_string()),
+        rtt_median_us: None,
+        rtt_p99_us: None,
+        gbytes_per_s: None,
+        skew_us: None,
+    }
+}
+
+fn interface_of(ip: IpAddr) -> Option<String> {
+    rlx_transport::interfaces::addresses()
+        .ok()?
+        .into_iter()
+        .find(|a| a.addr == Some(ip))
+        .map(|a| a.name)
+}
+
+/// The MTU the system reports for `interface` (Linux's sysfs; elsewhere unknown).
+fn mtu_of(interface: &str) -> Option<u32> {
+    std::fs::read_to_string(format!("/sys/class/net/{interface}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Whether `interface` is wireless: Linux marks wireless devices in sysfs, and their names
+/// start with `wl` on Linux (`wlan0`, `wlp2s0`); on a Mac, Wi-Fi is usually `en0`, which only
+/// the system's own tools can tell apart, so names decide there.
+fn is_wireless(interface: &str) -> bool {
+    interface.starts_with("wl")
+        || std::path::Path::new(&format!("/sys/class/net/{interface}/wireless")).exists()
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is a valid, writable buffer of the length passed; gethostname writes at
+    // most that many bytes.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    if ok {
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        "unknown".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(rank: u32, peer: PeerReport) -> RankReport {
+        RankReport {
+            rank,
+            host: "h".to_owned(),
+            version: "0".to_owned(),
+            backends: vec!["tcp".to_owned()],
+            thunderbolt_links: vec!["thunderbolt0".to_owned()],
+            socket_ifname: None,
+            tb_ifname: None,
+            peers: vec![peer],
+        }
+    }
+
+    fn peer(interface: &str) -> PeerReport {
+        PeerReport {
+            peer: 1,
+            addr: Some("10.0.0.2:1".to_owned()),
+            interface: Some(interface.to_owned()),
+            local: Some("10.0.0.1".to_owned()),
+            mtu: Some(1500),
+            wireless: is_wireless(interface),
+            loopback: false,
+            rtt_median_us: Some(10.0),
+            rtt_p99_us: Some(20.0),
+            gbytes_per_s: Some(1.0),
+            skew_us: Some(0.0),
+        }
+    }
+
+    #[test]
+    fn a_wireless_route_is_flagged_with_the_thunderbolt_fix() {
+        let advice = advise(&[rank(0, peer("wlan0"))]);
+        assert_eq!(advice.len(), 1, "{advice:?}");
+        assert!(
+            advice[0].contains("rank 0 ↔ 1 goes over wlan0"),
+            "{advice:?}"
+        );
+        assert!(
+            advice[0].contains("RLX_TB_IFNAME=thunderbolt0"),
+            "{advice:?}"
+        );
+        assert!(advise(&[rank(0, peer("thunderbolt0"))]).is_empty());
+    }
+
+    #[test]
+    fn a_route_outside_the_configured_interfaces_is_flagged() {
+        let mut report = rank(0, peer("eth1"));
+        report.socket_ifname = Some("=eth0".to_owned());
+        let advice = advise(&[report]);
+        assert!(
+            advice
+                .iter()
+                .any(|a| a.contains("eth1, which RLX_SOCKET_IFNAME==eth0 does not name")),
+            "{advice:?}"
+        );
+    }
+
+    /// Two namespaces joined by a veth named `thunderbolt0` and another named `wlan0`, with
+    /// the rendezvous on the wlan0 side: the doctor measures the pair and flags it.
+    #[test]
+    fn the_doctor_flags_a_pair_that_goes_over_wlan0() {
+        if let Err(reason) = crate::netns::check_available() {
+            assert!(
+                !crate::ci::in_ci(),
+                "CI=true, yet doctor cannot run here: {reason}"
+            );
+            eprintln!("the_doctor_flags_a_pair_that_goes_over_wlan0 skipped: {reason}");
+            return;
+        }
+        let net = TwoHosts::create();
+        let binary = world::rank_binary(crate::world::TransportKind::Tcp).unwrap();
+        let port = 29555;
+        let specs: Vec<ChildSpec> = (0..2u32)
+            .map(|rank| {
+                let mut spec = ChildSpec::new(format!("rank {rank}"), &binary)
+                    .args(["__doctor-rank"])
+                    .env("RLX_RANK", rank.to_string())
+                    .env("RLX_WORLD_SIZE", "2")
+                    .env("RLX_MASTER_ADDR", "10.79.2.1")
+                    .env("RLX_MASTER_PORT", port.to_string())
+                    .env("RLX_TIMEOUT_MS", "60000");
+                spec.netns = Some(net.names[rank as usize].clone());
+                spec
+            })
+            .collect();
+        let reports = collect(&specs).unwrap();
+        let advice = advise(&reports);
+        let text = render(&reports, &advice);
+        assert!(text.contains("goes over wlan0"), "{text}");
+        assert!(text.contains("RLX_TB_IFNAME=thunderbolt0"), "{text}");
+        assert_eq!(reports[0].thunderbolt_links, ["thunderbolt0"], "{text}");
+        assert!(reports[0].peers[0].rtt_median_us.is_some(), "{text}");
+    }
+
+    /// Two namespaces with two veth pairs between them, removed on drop.
+    struct TwoHosts {
+        names: [String; 2],
+    }
+
+    impl TwoHosts {
+        fn create() -> Self {
+            let tag = std::process::id();
+            let names = [format!("rlxdoc-a-{tag}"), format!("rlxdoc-b-{tag}")];
+            let ip = |args: &[&str]| {
+                let status = std::process::Command::new("ip").args(args).status();
+                assert!(status.is_ok_and(|s| s.success()), "ip {}", args.join(" "));
+            };
+            let hosts = TwoHosts { names };
+            let [a, b] = &hosts.names;
+            ip(&["netns", "add", a]);
+            ip(&["netns", "add", b]);
+            for (link, subnet) in [("thunderbolt0", 1), ("wlan0", 2)] {
+                let peer = format!("{link}p{tag}");
+                let short: String = peer.chars().take(15).collect();
+                ip(&[
+                    "link", "add", link, "netns", a, "type", "veth", "peer", "name", &short,
+                    "netns", b,
+                ]);
+                ip(&["-n", b, "link", "set", &short, "name", link]);
+                for (ns, host) in [(a, 1), (b, 2)] {
+                    let addr = format!("10.79.{subnet}.{host}/24");
+                    ip(&["-n", ns, "addr", "add", &addr, "dev", link]);
+                    ip(&["-n", ns, "link", "set", link, "up"]);
+                }
+            }
+            for ns in [a, b] {
+                ip(&["-n", ns, "link", "set", "lo", "up"]);
+            }
+            hosts
+        }
+    }
+
+    impl Drop for TwoHosts {
+        fn drop(&mut self) {
+            for ns in &self.names {
+                let _ = std::process::Command::new("ip")
+                    .args(["netns", "del", ns])
+                    .status();
+            }
+        }
+    }
+}
