@@ -2,7 +2,8 @@
 //! the way a job starts (the same launch environment, `--netns` included), and every rank
 //! reports, for each peer, the local interface and address the kernel routes to it through,
 //! that interface's MTU, whether it is wireless or loopback, the round-trip time (median and
-//! p99 of 8-byte ping-pongs), the bandwidth of a 32 MiB transfer, and the clock skew; plus its
+//! p99 of 8-byte ping-pongs), the bandwidth of a 32 MiB transfer over one socket and over the
+//! configured sockets per peer (`RLX_SOCKETS_PER_PEER`), and the clock skew; plus its
 //! host, its Thunderbolt links, its version and compiled backends. The launcher prints the
 //! matrix and advice, and flags every pair whose route leaves through a wireless interface,
 //! through loopback between two hosts, or through an interface the configured
@@ -30,6 +31,10 @@ pub(crate) struct DoctorArgs {
     /// Also write the ranks' reports and the advice as JSON to this file.
     #[arg(long)]
     pub(crate) json: Option<std::path::PathBuf>,
+    /// Sockets per peer the job will use (`RLX_SOCKETS_PER_PEER`); above one, the bandwidth is
+    /// measured over one socket and over this many.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) sockets_per_peer: u32,
 }
 
 /// The line prefix of a rank's report on its stdout.
@@ -56,7 +61,10 @@ pub(crate) struct PeerReport {
     /// Measured by the lower rank of the pair only.
     pub(crate) rtt_median_us: Option<f64>,
     pub(crate) rtt_p99_us: Option<f64>,
+    /// Over one socket per peer.
     pub(crate) gbytes_per_s: Option<f64>,
+    /// Over the configured sockets per peer, when that is more than one.
+    pub(crate) gbytes_per_s_configured: Option<f64>,
     /// The peer's clock minus this rank's, estimated from the ping-pongs.
     pub(crate) skew_us: Option<f64>,
 }
@@ -79,12 +87,26 @@ pub(crate) struct RankReport {
 pub(crate) fn run(args: &DoctorArgs) -> Result<(), String> {
     let config = args.world.config(args.ranks, Some(60_000));
     let binary = world::rank_binary(args.world.transport)?;
-    let world = World::prepare(&config)?;
-    let specs: Vec<ChildSpec> = (0..world.process_count())
-        .map(|index| world.child(index, &binary, vec!["__doctor-rank".to_owned()]))
-        .collect();
-    let reports = collect(&specs)?;
-    drop(world);
+    let job = |sockets: u32| -> Result<Vec<RankReport>, String> {
+        let world = World::prepare(&config)?;
+        let specs: Vec<ChildSpec> = (0..world.process_count())
+            .map(|index| {
+                world
+                    .child(index, &binary, vec!["__doctor-rank".to_owned()])
+                    .env("RLX_SOCKETS_PER_PEER", sockets.to_string())
+            })
+            .collect();
+        collect(&specs)
+    };
+    let mut reports = job(1)?;
+    if args.sockets_per_peer > 1 {
+        let striped = job(args.sockets_per_peer)?;
+        for (one, many) in reports.iter_mut().zip(&striped) {
+            for (peer, striped) in one.peers.iter_mut().zip(&many.peers) {
+                peer.gbytes_per_s_configured = striped.gbytes_per_s;
+            }
+        }
+    }
     let advice = advise(&reports);
     print!("{}", render(&reports, &advice));
     if let Some(path) = &args.json {
@@ -202,23 +224,32 @@ pub(crate) fn render(reports: &[RankReport], advice: &[String]) -> String {
     }
     let _ = writeln!(
         out,
-        "\n{:<9} {:<22} {:<14} {:>6} {:>10} {:>10} {:>9} {:>10}",
-        "pair", "peer address", "interface", "mtu", "rtt med", "rtt p99", "GB/s", "skew"
+        "\n{:<9} {:<22} {:<14} {:>6} {:>10} {:>10} {:>9} {:>12} {:>10}",
+        "pair",
+        "peer address",
+        "interface",
+        "mtu",
+        "rtt med",
+        "rtt p99",
+        "GB/s",
+        "GB/s (cfg)",
+        "skew"
     );
+    let rate = |g: Option<f64>| g.map_or_else(|| "-".to_owned(), |g| format!("{g:.2}"));
     let us = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1} us"));
     for r in reports {
         for p in r.peers.iter().filter(|p| p.rtt_median_us.is_some()) {
             let _ = writeln!(
                 out,
-                "{:<9} {:<22} {:<14} {:>6} {:>10} {:>10} {:>9} {:>10}",
+                "{:<9} {:<22} {:<14} {:>6} {:>10} {:>10} {:>9} {:>12} {:>10}",
                 format!("{} ↔ {}", r.rank, p.peer),
                 p.addr.as_deref().unwrap_or("-"),
                 p.interface.as_deref().unwrap_or("-"),
                 p.mtu.map_or_else(|| "-".to_owned(), |m| m.to_string()),
                 us(p.rtt_median_us),
                 us(p.rtt_p99_us),
-                p.gbytes_per_s
-                    .map_or_else(|| "-".to_owned(), |g| format!("{g:.2}")),
+                rate(p.gbytes_per_s),
+                rate(p.gbytes_per_s_configured),
                 us(p.skew_us),
             );
         }
@@ -372,6 +403,7 @@ fn describe_peer(peer: u32, addr: Option<SocketAddr>) -> PeerReport {
         rtt_median_us: None,
         rtt_p99_us: None,
         gbytes_per_s: None,
+        gbytes_per_s_configured: None,
         skew_us: None,
     }
 }
@@ -443,6 +475,7 @@ mod tests {
             rtt_median_us: Some(10.0),
             rtt_p99_us: Some(20.0),
             gbytes_per_s: Some(1.0),
+            gbytes_per_s_configured: None,
             skew_us: Some(0.0),
         }
     }
