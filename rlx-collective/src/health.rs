@@ -178,6 +178,13 @@ impl<'a> Watch<'a> {
                 cause,
                 reporter,
             }) => {
+                tracing::warn!(
+                    group = self.group,
+                    culprit,
+                    ?cause,
+                    reporter,
+                    "received a group failure notice"
+                );
                 self.health
                     .record(Failure::GroupFailed { culprit, cause }, reporter);
                 Err(CollectiveError::GroupFailed {

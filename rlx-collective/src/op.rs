@@ -288,6 +288,7 @@ impl<'a> OpCtx<'a> {
             (_, Some((notice, _))) => notice,
             (_, None) => Failure::Failed,
         };
+        tracing::debug!(?failure, "sending the failure notice to every member");
         for (index, &peer) in self.members.iter().enumerate() {
             if index as u32 != self.rank {
                 // Ignoring the result is the point of best effort: a peer we cannot reach
