@@ -67,6 +67,31 @@ pub(crate) fn run(args: &FlightReportArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// Prints the report on the records in `dir` of a run in which rank `victim` of `ranks` was
+/// killed or stalled, removes them, and checks that it names the victim and the operation each
+/// survivor was left in. (The survivors need not be in the fault point's collective: those that
+/// did not need the victim there went on to the next one.)
+pub(crate) fn check_names_faulty_rank(dir: &Path, victim: u32, ranks: u32) -> Result<(), String> {
+    let entries = read_dir(dir)?;
+    let report = diagnose(&entries, Some(ranks));
+    println!("\n{report}");
+    let _ = std::fs::remove_dir_all(dir);
+    let named = report.contains(&format!("rank {victim}: left no record"))
+        || report.contains(&format!("rank {victim} never entered"));
+    let survivors_named = (0..ranks).filter(|&r| r != victim).all(|r| {
+        report
+            .lines()
+            .any(|l| l.starts_with(&format!("  rank {r}: ")) && l.contains(" #"))
+    });
+    if named && survivors_named {
+        Ok(())
+    } else {
+        Err(format!(
+            "the flight report does not name rank {victim} and every survivor's operation"
+        ))
+    }
+}
+
 /// Every entry of every `rank-*.jsonl` file in `dir`.
 pub(crate) fn read_dir(dir: &Path) -> Result<Vec<Entry>, String> {
     let listing = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;

@@ -244,32 +244,6 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), String> {
     result
 }
 
-/// Prints the flight report of a faulted run and checks that it names the faulty rank and the
-/// operation each survivor was left in. (The survivors need not be in the fault point's
-/// collective: those that did not need the faulty rank there went on to the next one.)
-fn flight_verdict(dir: &std::path::Path, fault: &Fault, ranks: u32) -> Result<(), String> {
-    let entries = flight_report::read_dir(dir)?;
-    let report = flight_report::diagnose(&entries, Some(ranks));
-    println!("\n{report}");
-    let _ = std::fs::remove_dir_all(dir);
-    let victim = fault.target.rank;
-    let named = report.contains(&format!("rank {victim}: left no record"))
-        || report.contains(&format!("rank {victim} never entered"));
-    let survivors_named = (0..ranks).filter(|&r| r != victim).all(|r| {
-        report
-            .lines()
-            .any(|l| l.starts_with(&format!("  rank {r}: ")) && l.contains(" #"))
-    });
-    if named && survivors_named {
-        Ok(())
-    } else {
-        Err(format!(
-            "the flight report does not name rank {victim} ({}) and every survivor's operation",
-            fault.target
-        ))
-    }
-}
-
 /// Starts the ranks of `specs`, watches them to the end, reaps them and judges the run.
 fn supervise(
     args: &ClusterArgs,
@@ -291,7 +265,10 @@ fn supervise(
     job.finish(grace);
     drop(job);
     let flight = match (flight_dir, fault) {
-        (Some(dir), Some(fault)) => flight_verdict(dir, fault, args.ranks),
+        (Some(dir), Some(fault)) => {
+            flight_report::check_names_faulty_rank(dir, fault.target.rank, args.ranks)
+                .map_err(|e| format!("{e} ({})", fault.target))
+        }
         _ => Ok(()),
     };
     monitor
