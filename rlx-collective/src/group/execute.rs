@@ -134,7 +134,7 @@ impl ProcessGroup {
         let submitted = self
             .shared
             .worker
-            .submit(&format!("rlx-group-{}", self.shared.group_id), job);
+            .submit(self.shared.group_id, job);
         if let Err(source) = submitted {
             // The operation was issued but will not run here: its peers must not wait for it.
             let shared = &self.shared;

@@ -22,10 +22,10 @@ pub(super) struct Worker {
 }
 
 impl Worker {
-    /// Queues `job` behind the operations issued before it, starting the thread (named
-    /// `name`) if it is not running; `Err` when no thread can be started, and `job` is
-    /// dropped unrun.
-    pub(super) fn submit(&self, name: &str, job: Job) -> std::io::Result<()> {
+    /// Queues `job` behind the operations issued before it, starting the thread (named after
+    /// group `group`) if it is not running; `Err` when no thread can be started, and `job` is
+    /// dropped unrun. Queueing on a running worker allocates nothing but the job itself.
+    pub(super) fn submit(&self, group: u16, job: Job) -> std::io::Result<()> {
         let mut queue = self.queue.lock();
         let job = match queue.as_ref() {
             Some(sender) => match sender.send(job) {
@@ -37,7 +37,7 @@ impl Worker {
         };
         let (sender, jobs) = channel::<Job>();
         std::thread::Builder::new()
-            .name(name.to_owned())
+            .name(format!("rlx-group-{group}"))
             .spawn(move || {
                 while let Ok(job) = jobs.recv() {
                     // A job catches its operation's panic itself; one that escapes anyway must
