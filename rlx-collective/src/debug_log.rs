@@ -65,17 +65,19 @@ impl<'a> MakeWriter<'a> for RankPrefixed {
 
     fn make_writer(&'a self) -> Self::Writer {
         PrefixedLine {
-            prefix: &self.prefix,
-            line: Vec::new(),
+            prefix_len: self.prefix.len(),
+            line: self.prefix.as_bytes().to_vec(),
+            lifetime: std::marker::PhantomData,
         }
     }
 }
 
-/// One event's text, written out with its prefix when dropped.
+/// One event's text after the prefix it starts with, written out in one call when dropped.
 #[derive(Debug)]
 struct PrefixedLine<'a> {
-    prefix: &'a str,
+    prefix_len: usize,
     line: Vec<u8>,
+    lifetime: std::marker::PhantomData<&'a RankPrefixed>,
 }
 
 impl Write for PrefixedLine<'_> {
@@ -91,14 +93,11 @@ impl Write for PrefixedLine<'_> {
 
 impl Drop for PrefixedLine<'_> {
     fn drop(&mut self) {
-        if self.line.is_empty() {
+        if self.line.len() == self.prefix_len {
             return;
         }
-        let mut out = Vec::with_capacity(self.prefix.len() + self.line.len());
-        out.extend_from_slice(self.prefix.as_bytes());
-        out.extend_from_slice(&self.line);
         // Diagnostics must never fail the program; a closed stderr loses them.
-        let _ = std::io::stderr().lock().write_all(&out);
+        let _ = std::io::stderr().lock().write_all(&self.line);
     }
 }
 
@@ -114,8 +113,7 @@ mod tests {
         let mut line = writer.make_writer();
         line.write_all(b"INFO first half, ").unwrap();
         line.write_all(b"second half\n").unwrap();
-        assert_eq!(line.prefix, "[rank 3] ");
-        assert_eq!(line.line, b"INFO first half, second half\n");
+        assert_eq!(line.line, b"[rank 3] INFO first half, second half\n");
         // Dropping it writes the prefixed line to stderr in one call.
         drop(line);
     }
