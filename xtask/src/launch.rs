@@ -88,7 +88,13 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<u8, String> {
             let size = args.ranks.unwrap_or(1);
             let world = World::prepare(&args.world.config(size, args.timeout_ms))?;
             let specs = (0..size)
-                .map(|rank| local_names(world.child(rank, &program, program_args.clone()), size))
+                .map(|rank| {
+                    local_names(
+                        world.child(rank, &program, program_args.clone()),
+                        rank,
+                        size,
+                    )
+                })
                 .collect();
             (Some(world), specs)
         }
@@ -119,38 +125,45 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<u8, String> {
     Ok(outcome.code)
 }
 
-/// Adds the torchrun names and the local rank to the spec of a rank on this host, where every
-/// rank of the job runs.
-fn local_names(mut spec: ChildSpec, size: u32) -> ChildSpec {
-    let mirrored: Vec<(String, String)> = spec
+/// Adds the torchrun names (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`) and the local
+/// rank to the spec of `rank`, run on this host with every other rank of the job.
+fn local_names(mut spec: ChildSpec, rank: u32, size: u32) -> ChildSpec {
+    let master: Vec<(String, String)> = spec
         .env
         .iter()
         .filter_map(|(key, value)| {
-            let torchrun = match key.as_str() {
-                "RLX_RANK" | "MLX_RANK" => "RANK",
-                "RLX_MASTER_ADDR" => "MASTER_ADDR",
-                "RLX_MASTER_PORT" => "MASTER_PORT",
-                _ => return None,
-            };
-            Some((torchrun.to_owned(), value.clone()))
+            let torchrun = key.strip_prefix("RLX_")?;
+            matches!(torchrun, "MASTER_ADDR" | "MASTER_PORT")
+                .then(|| (torchrun.to_owned(), value.clone()))
         })
         .collect();
-    let rank = mirrored
-        .iter()
-        .find(|(key, _)| key == "RANK")
-        .map(|(_, value)| value.clone())
-        .unwrap_or_default();
-    spec.env.extend(mirrored);
-    spec.env.push(("WORLD_SIZE".to_owned(), size.to_string()));
-    for (key, value) in [
-        ("LOCAL_RANK", rank.clone()),
-        ("RLX_LOCAL_RANK", rank),
-        ("LOCAL_WORLD_SIZE", size.to_string()),
-        ("RLX_LOCAL_WORLD_SIZE", size.to_string()),
-    ] {
-        spec.env.push((key.to_owned(), value));
-    }
+    spec.env.extend(master);
+    spec.env.extend(rank_names(
+        rank as usize,
+        size as usize,
+        rank as usize,
+        size as usize,
+    ));
     spec
+}
+
+/// The rank variables a launched program may read besides the transport's own:
+/// torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK` and `LOCAL_WORLD_SIZE`, and RLX's local ones.
+fn rank_names(
+    rank: usize,
+    size: usize,
+    local_rank: usize,
+    local_size: usize,
+) -> [(String, String); 6] {
+    [
+        ("RANK", rank),
+        ("WORLD_SIZE", size),
+        ("LOCAL_RANK", local_rank),
+        ("RLX_LOCAL_RANK", local_rank),
+        ("LOCAL_WORLD_SIZE", local_size),
+        ("RLX_LOCAL_WORLD_SIZE", local_size),
+    ]
+    .map(|(key, value)| (key.to_owned(), value.to_string()))
 }
 
 /// The ranks a hostfile describes: here for this host's addresses, over `ssh` for the others.
@@ -201,14 +214,7 @@ fn from_hostfile(
             env.push(("RLX_WORLD_SIZE".into(), size.to_string()));
             env.push(("RLX_HOSTFILE".into(), inline.clone()));
         }
-        env.push(("RANK".into(), rank.to_string()));
-        env.push(("WORLD_SIZE".into(), size.to_string()));
-        for key in ["LOCAL_RANK", "RLX_LOCAL_RANK"] {
-            env.push((key.into(), local_rank.to_string()));
-        }
-        for key in ["LOCAL_WORLD_SIZE", "RLX_LOCAL_WORLD_SIZE"] {
-            env.push((key.into(), local_size.to_string()));
-        }
+        env.extend(rank_names(rank, size as usize, local_rank, local_size));
         if let Some(ms) = args.timeout_ms {
             env.push(("RLX_TIMEOUT_MS".into(), ms.to_string()));
         }
@@ -530,6 +536,7 @@ mod tests {
                 .env("RLX_RANK", "1")
                 .env("RLX_MASTER_ADDR", "127.0.0.1")
                 .env("RLX_MASTER_PORT", "29400"),
+            1,
             4,
         );
         for (key, value) in [

@@ -131,10 +131,7 @@ impl ProcessGroup {
             drop(group);
             filled.fill(result);
         });
-        let submitted = self
-            .shared
-            .worker
-            .submit(self.shared.group_id, job);
+        let submitted = self.shared.worker.submit(self.shared.group_id, job);
         if let Err(source) = submitted {
             // The operation was issued but will not run here: its peers must not wait for it.
             let shared = &self.shared;
