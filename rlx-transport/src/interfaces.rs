@@ -7,7 +7,7 @@
 //! [`CollectiveError::Unsupported`](crate::CollectiveError::Unsupported), so every crate above
 //! still builds.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 
 use crate::Result;
 
@@ -63,6 +63,19 @@ impl InterfaceAddress {
 /// ```
 pub fn addresses() -> Result<Vec<InterfaceAddress>> {
     os::addresses()
+}
+
+/// The local address the kernel's routing table would send traffic to `to` from (the local
+/// end of the route), or `None` when there is no route. Connecting a UDP socket asks the kernel
+/// for the route and sends nothing.
+pub fn route_source(to: SocketAddr) -> Option<IpAddr> {
+    let unspecified: IpAddr = match to {
+        SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        SocketAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let udp = UdpSocket::bind((unspecified, 0)).ok()?;
+    udp.connect(to).ok()?;
+    udp.local_addr().ok().map(|local| local.ip())
 }
 
 #[cfg(unix)]

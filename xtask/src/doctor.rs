@@ -10,7 +10,7 @@
 //! `RLX_SOCKET_IFNAME`/`RLX_TB_IFNAME` does not name.
 
 use std::fmt::Write as _;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
@@ -381,16 +381,7 @@ fn measure_as_responder(t: &rlx_net::TcpTransport, peer: u32) -> Result<(), Stri
 
 /// The route to `addr` as the kernel chooses it: the local interface and address.
 fn describe_peer(peer: u32, addr: Option<SocketAddr>) -> PeerReport {
-    let route = addr.and_then(|addr| {
-        let bind: SocketAddr = match addr {
-            SocketAddr::V4(_) => ([0, 0, 0, 0], 0).into(),
-            SocketAddr::V6(_) => ([0u16; 8], 0).into(),
-        };
-        let udp = UdpSocket::bind(bind).ok()?;
-        // Connecting a UDP socket sends nothing; it only asks the kernel for the route.
-        udp.connect(addr).ok()?;
-        udp.local_addr().ok().map(|l| l.ip())
-    });
+    let route = addr.and_then(rlx_transport::interfaces::route_source);
     let interface = route.and_then(interface_of);
     PeerReport {
         peer,

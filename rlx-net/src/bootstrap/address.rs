@@ -1,7 +1,7 @@
 //! Address choice: which local address a rank listens on and advertises, IPv6 link-local
 //! scopes, and the public address the store hands out for an advertised one.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use rlx_transport::CollectiveError;
 
@@ -82,20 +82,15 @@ pub(super) fn choose_ip(
         };
     }
     // The local end of a route towards the store: the interface other hosts reach this one
-    // on. No packet is sent by connecting a UDP socket.
+    // on.
     for target in master {
-        let bind: SocketAddr = (unspecified(target.ip()), 0).into();
-        if let Ok(udp) = UdpSocket::bind(bind) {
-            if udp.connect(target).is_ok() {
-                if let Ok(local) = udp.local_addr() {
-                    tracing::debug!(
-                        advertised = %local.ip(),
-                        store = %target,
-                        "advertising the local end of the route to the store"
-                    );
-                    return Ok((unspecified(local.ip()), local.ip()));
-                }
-            }
+        if let Some(local) = rlx_transport::interfaces::route_source(*target) {
+            tracing::debug!(
+                advertised = %local,
+                store = %target,
+                "advertising the local end of the route to the store"
+            );
+            return Ok((unspecified(local), local));
         }
     }
     let ip = master
