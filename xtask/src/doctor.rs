@@ -503,12 +503,7 @@ mod tests {
     /// the rendezvous on the wlan0 side: the doctor measures the pair and flags it.
     #[test]
     fn the_doctor_flags_a_pair_that_goes_over_wlan0() {
-        if let Err(reason) = crate::netns::check_available() {
-            assert!(
-                !crate::ci::in_ci(),
-                "CI=true, yet doctor cannot run here: {reason}"
-            );
-            eprintln!("the_doctor_flags_a_pair_that_goes_over_wlan0 skipped: {reason}");
+        if !crate::netns::available_for_test("the_doctor_flags_a_pair_that_goes_over_wlan0") {
             return;
         }
         let net = TwoHosts::create();

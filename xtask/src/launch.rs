@@ -485,12 +485,7 @@ mod tests {
     /// root) it fails instead.
     #[test]
     fn ranks_run_in_network_namespaces() {
-        if let Err(reason) = crate::netns::check_available() {
-            assert!(
-                !crate::ci::in_ci(),
-                "CI=true, yet launch --netns cannot run: {reason}"
-            );
-            eprintln!("ranks_run_in_network_namespaces skipped: {reason}");
+        if !crate::netns::available_for_test("ranks_run_in_network_namespaces") {
             return;
         }
         let args = |script: &str| LaunchArgs {

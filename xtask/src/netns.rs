@@ -157,6 +157,24 @@ pub(crate) fn check_available() -> Result<(), String> {
         .map_err(|e| format!("--netns needs iproute2's `ip`: {e}"))
 }
 
+/// For a test that needs namespaces: whether it can run. When it cannot, it says why on stderr
+/// and the test returns early; under `CI=true`, where CI runs as root with iproute2, it fails
+/// instead.
+#[cfg(test)]
+pub(crate) fn available_for_test(test: &str) -> bool {
+    match check_available() {
+        Ok(()) => true,
+        Err(reason) => {
+            assert!(
+                !crate::ci::in_ci(),
+                "CI=true, yet {test} cannot run: {reason}"
+            );
+            eprintln!("{test} skipped: {reason}");
+            false
+        }
+    }
+}
+
 /// Deletes every namespace of the job whose names start with `key` (`rlxtc-PID`).
 fn delete_job(key: &str) {
     for ns in list_namespaces() {
