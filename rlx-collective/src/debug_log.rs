@@ -37,8 +37,13 @@ pub fn install_debug_subscriber() -> bool {
     let prefix = if std::env::var_os(PREFIXED_VAR).is_some() {
         String::new()
     } else {
-        let rank = rlx_transport::LaunchEnv::from_env()
-            .map_or_else(|_| "?".to_owned(), |env| env.rank.to_string());
+        // Only the rank variables: the rest of the launch environment (a hostfile to read)
+        // is the transport's business, read once when it starts.
+        let rank = rlx_transport::bootstrap::RANK_VARS
+            .iter()
+            .find_map(|name| std::env::var(name).ok())
+            .and_then(|value| value.trim().parse::<u32>().ok())
+            .map_or_else(|| "?".to_owned(), |rank| rank.to_string());
         format!("[rank {rank}] ")
     };
     let installed = tracing_subscriber::fmt()
