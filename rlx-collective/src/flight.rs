@@ -187,7 +187,10 @@ impl FlightRecorder {
         }
     }
 
-    /// Writes the snapshot to `path` as JSON lines, replacing an earlier dump.
+    /// Writes the snapshot to `path` as JSON lines, replacing an earlier dump atomically: the
+    /// lines go to a temporary file that is then renamed, so a rank killed while it rewrites
+    /// its record (a launcher ending the job after a failure) leaves the previous record whole,
+    /// never a truncated one.
     pub(crate) fn dump_to(&self, path: &Path) -> Result<()> {
         let io = |source| CollectiveError::Io { peer: None, source };
         if let Some(dir) = path.parent() {
@@ -199,8 +202,10 @@ impl FlightRecorder {
                 .map_err(|e| io(std::io::Error::other(e.to_string())))?;
             text.push(b'\n');
         }
-        std::fs::File::create(path)
+        let partial = path.with_extension("jsonl.partial");
+        std::fs::File::create(&partial)
             .and_then(|mut file| file.write_all(&text))
+            .and_then(|()| std::fs::rename(&partial, path))
             .map_err(io)
     }
 
