@@ -89,6 +89,7 @@ mod reduce;
 mod reduce_scatter;
 mod scatter;
 pub mod select;
+mod shrink;
 mod split;
 
 pub use debug_log::{DEBUG_VAR, PREFIXED_VAR, install_debug_subscriber};

@@ -85,6 +85,20 @@ impl GroupIds {
     }
 }
 
+/// The group id that proposal `id` stands for, or `Unsupported` when the family has used up
+/// the id space (`what` names the operation that formed the group).
+pub(crate) fn group_id_of(what: &str, id: u32) -> Result<u16> {
+    u16::try_from(id)
+        .ok()
+        .filter(|&id| id != TRANSPORT_GROUP && id != 0)
+        .ok_or_else(|| {
+            CollectiveError::unsupported(format!(
+                "{what}: group id {id} is out of range (at most {} groups per process family)",
+                TRANSPORT_GROUP - 2
+            ))
+        })
+}
+
 /// Decodes the records every parent rank published (`all`, gathered in rank order) and plans
 /// parent rank `me`'s new group (see [`plan`]).
 pub(crate) fn plan_gathered(all: &[u8], me: u32) -> Result<Option<Plan>> {
@@ -131,15 +145,7 @@ pub(crate) fn plan(records: &[Record], me: u32) -> Result<Option<Plan>> {
         .map(|r| r.proposal)
         .max()
         .unwrap_or(mine.proposal);
-    let group_id = u16::try_from(id)
-        .ok()
-        .filter(|&id| id != TRANSPORT_GROUP && id != 0)
-        .ok_or_else(|| {
-            CollectiveError::unsupported(format!(
-                "split: group id {id} is out of range (at most {} groups per process family)",
-                TRANSPORT_GROUP - 2
-            ))
-        })?;
+    let group_id = group_id_of("split", id)?;
     let rank = members
         .iter()
         .position(|&(_, rank)| rank == me)

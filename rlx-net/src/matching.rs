@@ -717,6 +717,17 @@ impl State {
         peer.drop_arriving_if_lost();
     }
 
+    /// Marks `from` lost for good with `lost` (replacing an earlier reason) and drops every
+    /// complete message it had queued: an excluded peer's bytes must never be delivered.
+    /// Messages still arriving are dropped once no reader writes into them.
+    pub(crate) fn exclude(&mut self, from: u32, lost: Lost) {
+        let peer = self.peer(from);
+        peer.lost = Some(lost);
+        peer.queue.retain(|q| matches!(q.body, Body::Arriving));
+        peer.unexpected_bytes = peer.queue.iter().map(|q| q.weight).sum();
+        peer.drop_arriving_if_lost();
+    }
+
     /// Number of unexpected bytes buffered for `from` (for the loom models).
     #[cfg(rlx_loom)]
     pub(crate) fn unexpected_bytes_of(&self, from: u32) -> u64 {

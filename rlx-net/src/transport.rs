@@ -482,6 +482,10 @@ impl Transport for TcpTransport {
         self.engine.op_timeout()
     }
 
+    fn exclude_peer(&self, peer: u32) -> Result<()> {
+        self.engine.exclude(peer)
+    }
+
     fn abort(&self) {
         self.engine.abort();
     }

@@ -297,6 +297,10 @@ impl Transport for ThunderboltTransport {
         self.inner.op_timeout()
     }
 
+    fn exclude_peer(&self, peer: u32) -> Result<()> {
+        self.inner.exclude_peer(peer)
+    }
+
     fn abort(&self) {
         self.inner.abort();
     }

@@ -212,6 +212,10 @@ pub enum FatalCause {
     Protocol,
     /// An operating-system I/O call failed ([`CollectiveError::Io`]).
     Io,
+    /// The survivors of a failure declared the rank dead and went on without it (see
+    /// [`Transport::exclude_peer`](crate::Transport::exclude_peer)): it was unreachable or did
+    /// not answer within the operation timeout.
+    Excluded,
 }
 
 impl FatalCause {
@@ -223,6 +227,7 @@ impl FatalCause {
             FatalCause::Aborted => 3,
             FatalCause::Protocol => 4,
             FatalCause::Io => 5,
+            FatalCause::Excluded => 6,
         }
     }
 
@@ -234,6 +239,7 @@ impl FatalCause {
             3 => Some(FatalCause::Aborted),
             4 => Some(FatalCause::Protocol),
             5 => Some(FatalCause::Io),
+            6 => Some(FatalCause::Excluded),
             _ => None,
         }
     }
@@ -247,6 +253,7 @@ impl fmt::Display for FatalCause {
             FatalCause::Aborted => "transport aborted",
             FatalCause::Protocol => "protocol error",
             FatalCause::Io => "i/o error",
+            FatalCause::Excluded => "declared dead by the survivors",
         })
     }
 }

@@ -41,6 +41,8 @@ struct State {
     aborted: bool,
     /// Set by [`Inbox::close`]: the owner is gone and refuses new deliveries.
     closed: Option<String>,
+    /// Peers the owner excluded ([`Inbox::exclude`]), whose deliveries are refused.
+    excluded: Vec<u32>,
 }
 
 /// A thread-safe matching queue; see the module docs.
@@ -82,6 +84,12 @@ impl Inbox {
                 reason: reason.clone(),
             });
         }
+        if state.excluded.contains(&from) {
+            return Err(CollectiveError::PeerLost {
+                peer: self.owner,
+                reason: format!("rank {} declared rank {from} dead", self.owner),
+            });
+        }
         state.queue.push_back(Entry {
             from,
             tag,
@@ -99,6 +107,20 @@ impl Inbox {
         if !state.lost.iter().any(|(p, _)| *p == peer) {
             state.lost.push((peer, reason.into()));
         }
+        drop(state);
+        self.arrived.notify_all();
+    }
+
+    /// Excludes `peer` for good: drops what it queued, refuses its later deliveries (the
+    /// sender gets `PeerLost`) and fails receives from it with `PeerLost{reason}`.
+    pub fn exclude(&self, peer: u32, reason: impl Into<String>) {
+        let mut state = lock(&self.state);
+        state.queue.retain(|entry| entry.from != peer);
+        if !state.excluded.contains(&peer) {
+            state.excluded.push(peer);
+        }
+        state.lost.retain(|(p, _)| *p != peer);
+        state.lost.push((peer, reason.into()));
         drop(state);
         self.arrived.notify_all();
     }

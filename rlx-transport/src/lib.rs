@@ -49,7 +49,7 @@ pub use error::{CollectiveError, FatalCause, Result};
 pub use inbox::Inbox;
 pub use mem::MemTransport;
 pub use symmetric::{Region, Symmetric, SymmetricTransport};
-pub use tag::{TAG_RESERVED_BASE, TRANSPORT_GROUP, Tag};
+pub use tag::{EXCLUSION_TAG, TAG_RESERVED_BASE, TRANSPORT_GROUP, Tag};
 pub use transport::{
     DEFAULT_OP_TIMEOUT, FAILURE_WIRE_LEN, Failure, NativeCollectives, NativeOp, Transport,
 };

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use crate::inbox::{Delivery, Inbox};
 use crate::symmetric::Symmetric;
-use crate::{CollectiveError, DEFAULT_OP_TIMEOUT, Failure, Result, Tag, Transport};
+use crate::{
+    CollectiveError, DEFAULT_OP_TIMEOUT, EXCLUSION_TAG, Failure, FatalCause, Result, Tag, Transport,
+};
 
 struct MemWorld {
     inboxes: Vec<Inbox>,
@@ -155,6 +157,33 @@ impl Transport for MemTransport {
 
     fn op_timeout(&self) -> Duration {
         self.op_timeout
+    }
+
+    fn exclude_peer(&self, peer: u32) -> Result<()> {
+        let target = self.inbox(peer)?;
+        if peer == self.rank {
+            return Err(CollectiveError::invalid(format!(
+                "rank {peer} cannot exclude itself"
+            )));
+        }
+        self.own_inbox()?.exclude(
+            peer,
+            format!("in-process rank {peer} was declared dead by this rank"),
+        );
+        // The peer may have left already; then nobody needs telling.
+        let _ = target.deliver(
+            self.rank,
+            EXCLUSION_TAG,
+            Delivery::Failure(Failure::GroupFailed {
+                culprit: peer,
+                cause: FatalCause::Excluded,
+            }),
+        );
+        target.mark_lost(
+            self.rank,
+            format!("in-process rank {} declared this rank dead", self.rank),
+        );
+        Ok(())
     }
 
     fn abort(&self) {

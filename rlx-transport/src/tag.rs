@@ -26,10 +26,18 @@ pub const TAG_RESERVED_BASE: u32 = 0xFFF0_0000;
 
 /// The group id reserved for the transport's own traffic. Its sequence numbers are assigned
 /// once, here: 0 is the default [`barrier`], 1 the symmetric heap's request/response service,
-/// 2 the heap's collective `alloc`/`free` agreement.
+/// 2 the heap's collective `alloc`/`free` agreement, 3 the notice of an exclusion
+/// ([`EXCLUSION_TAG`]).
 ///
 /// [`barrier`]: crate::Transport::barrier
 pub const TRANSPORT_GROUP: u16 = 0xFFFF;
+
+/// The tag of the notice a rank gets when a peer excludes it
+/// ([`Transport::exclude_peer`](crate::Transport::exclude_peer)): a
+/// [`Failure::GroupFailed`](crate::Failure::GroupFailed) naming the excluded rank with cause
+/// [`FatalCause::Excluded`](crate::FatalCause::Excluded). It arrives before the link closes, so
+/// a rank that finds its peers gone can tell "they went on without me" from "they died".
+pub const EXCLUSION_TAG: Tag = Tag::op(TRANSPORT_GROUP, 3, 0);
 
 /// A 64-bit message tag; see the module docs for its layout.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

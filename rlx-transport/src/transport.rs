@@ -90,6 +90,38 @@ pub trait Transport: Send + Sync {
     /// every later call fail the same way. Idempotent.
     fn abort(&self) {}
 
+    /// Declares world rank `peer` dead on this rank, for good: from then on every receive from
+    /// it fails with [`CollectiveError::PeerLost`] (what it had queued is dropped), every send
+    /// to it fails the same way, and `peer` in turn sees this rank as lost. Nothing `peer`
+    /// sends afterwards reaches this rank. Before the link closes, `peer` is told, best effort
+    /// and without blocking, with a notice under [`EXCLUSION_TAG`](crate::EXCLUSION_TAG)
+    /// ([`Failure::GroupFailed`] naming `peer`, cause
+    /// [`FatalCause::Excluded`]); [`Transport::excluded_by`] looks for it. Idempotent;
+    /// excluding this rank itself is refused.
+    ///
+    /// This is what lets survivors of a failure go on without a rank that stopped answering
+    /// (`ProcessGroup::shrink`): a rank that was only slow can never mix its bytes with the
+    /// survivors' new group. The default refuses with [`CollectiveError::Unsupported`], for
+    /// backends whose peers are fixed for the life of the world.
+    fn exclude_peer(&self, peer: u32) -> Result<()> {
+        let _ = peer;
+        Err(CollectiveError::unsupported(
+            "this transport cannot exclude a peer (its links are fixed for the life of the world)",
+        ))
+    }
+
+    /// Whether `peer` told this rank that it excluded it ([`Transport::exclude_peer`]); looks
+    /// without waiting and consumes the notice.
+    fn excluded_by(&self, peer: u32) -> bool {
+        matches!(
+            self.recv_message(peer, crate::EXCLUSION_TAG, Duration::ZERO),
+            Err(CollectiveError::GroupFailed {
+                cause: FatalCause::Excluded,
+                ..
+            })
+        )
+    }
+
     /// Collectives the backend runs natively (MLX's `all_sum`, ...), if any. `ProcessGroup` uses
     /// them for the world group where they meet its semantics.
     fn native_collectives(&self) -> Option<&dyn NativeCollectives> {

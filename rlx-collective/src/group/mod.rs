@@ -7,11 +7,13 @@
 //!
 //! This file holds the type, its construction (`new`, `split`) and its settings; the rest of
 //! its methods live by theme: `execute.rs` issues and runs operations, `point_to_point.rs`
-//! sends and receives under user tags, `collectives.rs` wraps every collective, and
-//! `worker.rs` runs the non-blocking ones.
+//! sends and receives under user tags, `collectives.rs` wraps every collective,
+//! `membership.rs` shrinks a group to its survivors, and `worker.rs` runs the non-blocking
+//! ones.
 
 mod collectives;
 mod execute;
+mod membership;
 mod point_to_point;
 mod worker;
 
@@ -94,6 +96,8 @@ struct Shared {
     members: Vec<u32>,
     rank: u32,
     seq: AtomicU32,
+    /// How many times `shrink` was called on this group (each attempt has its own tags).
+    shrinks: AtomicU32,
     /// The next free group id of this rank's family (see the `split` module).
     group_ids: Arc<GroupIds>,
     settings: Mutex<Settings>,
@@ -179,6 +183,7 @@ impl ProcessGroup {
                 members,
                 rank,
                 seq: AtomicU32::new(0),
+                shrinks: AtomicU32::new(0),
                 group_ids,
                 settings: Mutex::new(Settings::default()),
                 federated: Mutex::new(StaleRounds::default()),

@@ -136,6 +136,15 @@ impl Hub {
         self.wake();
     }
 
+    /// Excludes `peer` for good: marks it lost with `lost`, drops what it queued, shuts its
+    /// connections down (so it sees this rank as lost) and wakes everyone.
+    pub(crate) fn exclude<L: Links>(&self, links: &L, peer: u32, lost: Lost) {
+        tracing::warn!(peer, "peer excluded: declared dead by this rank");
+        lock(&self.state).exclude(peer, lost);
+        links.shut_down(peer);
+        self.wake();
+    }
+
     /// Receives the next message from `from` under `tag`, landing it in `buf` when one is
     /// given. `Ok(None)` at the deadline.
     pub(crate) fn recv<L: Links>(

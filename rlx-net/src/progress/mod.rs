@@ -38,11 +38,11 @@ use std::net::{Shutdown, SocketAddr};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use rlx_transport::{CollectiveError, Tag};
+use rlx_transport::{CollectiveError, EXCLUSION_TAG, Failure, FatalCause, Tag};
 
 use crate::error::Lost;
 use crate::frame::{FrameHeader, FrameKind};
-use crate::sync::{AtomicBool, Mutex};
+use crate::sync::{AtomicBool, Mutex, lock};
 
 pub(crate) use hub::Hub;
 // The loom models drive the receive loop through a fake of the sockets.
@@ -148,6 +148,64 @@ impl Engine {
     /// Marks `peer` lost, shuts its sockets down and wakes everyone.
     fn lose(&self, peer: u32, lost: Lost) {
         self.hub.lose(self, peer, lost);
+    }
+
+    /// Declares `peer` dead for good (see `Transport::exclude_peer`): tells it so when its
+    /// socket takes the notice at once, then drops what it queued and shuts its links down.
+    pub(crate) fn exclude(&self, peer: u32) -> Result<(), CollectiveError> {
+        if peer == self.rank {
+            return Err(CollectiveError::invalid(format!(
+                "rank {peer} cannot exclude itself"
+            )));
+        }
+        let io = self.peer_io(peer)?;
+        self.tell_excluded(peer, io);
+        let addr = io.addr.as_str();
+        self.hub.exclude(
+            self,
+            peer,
+            Lost::Gone(format!(
+                "rank {peer} at {addr} was declared dead by this rank"
+            )),
+        );
+        Ok(())
+    }
+
+    /// Writes the exclusion notice to `peer`'s first link if the socket takes the whole frame
+    /// now. A peer that stopped reading (its buffers full) or a send in progress on the link
+    /// means no notice: exclusion must never wait for the rank it excludes.
+    fn tell_excluded(&self, peer: u32, io: &PeerIo) {
+        if lock(&self.hub.state).peers[peer as usize].lost.is_some() {
+            return;
+        }
+        let Some(link) = io.links.first() else {
+            return;
+        };
+        let Ok(mut tx) = io.tx.try_lock() else {
+            return;
+        };
+        let notice = Failure::GroupFailed {
+            culprit: peer,
+            cause: FatalCause::Excluded,
+        }
+        .encode();
+        let header = FrameHeader::whole(
+            FrameKind::Failure,
+            EXCLUSION_TAG,
+            tx.next_seq,
+            notice.len() as u64,
+        )
+        .encode();
+        let whole = header.len() + notice.len();
+        match socket::write_frame(&link.stream, &header, &[&notice], 0, notice.len() as u64, 0) {
+            Ok(n) if n == whole => tx.next_seq += 1,
+            // Half a frame on the wire makes the peer see a broken link instead of the notice;
+            // it is shut down right after either way.
+            _ => tracing::debug!(
+                peer,
+                "exclusion notice not sent: the socket did not take it"
+            ),
+        }
     }
 
     fn lost_from_io(&self, peer: u32, what: &str, err: &io::Error) -> Lost {

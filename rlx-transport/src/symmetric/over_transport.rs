@@ -621,6 +621,10 @@ impl<T: Transport + 'static> Transport for Symmetric<T> {
         self.shared.inner.op_timeout()
     }
 
+    fn exclude_peer(&self, peer: u32) -> Result<()> {
+        self.shared.inner.exclude_peer(peer)
+    }
+
     fn abort(&self) {
         self.shared.completions.abort();
         self.shared.heap.abort();

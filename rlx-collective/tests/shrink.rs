@@ -1,0 +1,583 @@
+//! `ProcessGroup::shrink`: after ranks die at random points of random collectives, every
+//! survivor's shrink returns the same group of the survivors, and the collectives that follow
+//! on it are exact. Checked over `MemTransport` and over `TcpTransport` on loopback (threads
+//! here; separate processes, SIGKILL and SIGSTOP in `shrink_processes.rs` and in
+//! `cargo xtask test-cluster --kill R@OP --shrink`), plus every single-crash point of the
+//! agreement itself, enumerated.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rlx_collective::{
+    CollectiveError, FatalCause, MemTransport, ProcessGroup, ReduceKind, Tag, Transport,
+};
+
+/// Operation timeout of the worlds here: a hang shows up as this long a wait.
+const OP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A small deterministic generator (splitmix64), so a failing trial can be replayed by seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// The collectives a trial draws from.
+const OPS: [&str; 6] = [
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "reduce_scatter",
+    "gather",
+    "barrier",
+];
+
+/// Runs collective `op` (number `step` of a sequence) on `group` and checks its result
+/// exactly against the serial reference; values are small integers, so sums are exact in f32.
+fn run_checked(
+    group: &ProcessGroup,
+    op: &str,
+    step: u64,
+    len: usize,
+) -> Result<(), CollectiveError> {
+    let n = group.world_size() as usize;
+    let me = group.rank() as usize;
+    let value = |rank: usize, i: usize| ((rank * 7 + i * 3 + step as usize) % 251) as f32;
+    let mine: Vec<f32> = (0..len).map(|i| value(me, i)).collect();
+    let sum = |i: usize| (0..n).map(|r| value(r, i)).sum::<f32>();
+    match op {
+        "all_reduce" => {
+            let mut data = mine;
+            group.all_reduce(&mut data, ReduceKind::Sum)?;
+            let want: Vec<f32> = (0..len).map(sum).collect();
+            assert_eq!(data, want, "all_reduce step {step} on group rank {me}");
+        }
+        "broadcast" => {
+            let root = (step as usize % n) as u32;
+            let mut data = if me as u32 == root {
+                mine
+            } else {
+                vec![0.0; len]
+            };
+            group.broadcast(root, &mut data)?;
+            let want: Vec<f32> = (0..len).map(|i| value(root as usize, i)).collect();
+            assert_eq!(data, want, "broadcast step {step} on group rank {me}");
+        }
+        "all_gather" => {
+            let got = group.all_gather(&mine)?;
+            let want: Vec<f32> = (0..n)
+                .flat_map(|r| (0..len).map(move |i| value(r, i)))
+                .collect();
+            assert_eq!(got, want, "all_gather step {step} on group rank {me}");
+        }
+        "reduce_scatter" => {
+            let data: Vec<f32> = (0..len * n).map(|i| value(me, i)).collect();
+            let got = group.reduce_scatter(&data, ReduceKind::Sum)?;
+            let want: Vec<f32> = (me * len..(me + 1) * len).map(sum).collect();
+            assert_eq!(got, want, "reduce_scatter step {step} on group rank {me}");
+        }
+        "gather" => {
+            let got = group.gather(0, &mine)?;
+            if me == 0 {
+                let want: Vec<f32> = (0..n)
+                    .flat_map(|r| (0..len).map(move |i| value(r, i)))
+                    .collect();
+                assert_eq!(got, Some(want), "gather step {step}");
+            }
+        }
+        _ => group.barrier()?,
+    }
+    Ok(())
+}
+
+/// The sequence of (collective, element count) every rank of a trial runs.
+fn plan(seed: u64, steps: usize) -> Vec<(&'static str, usize)> {
+    let mut rng = Rng(seed);
+    let counts = [0usize, 1, 7, 97, 1024, 4099];
+    (0..steps)
+        .map(|_| {
+            (
+                OPS[rng.below(OPS.len() as u64) as usize],
+                counts[rng.below(counts.len() as u64) as usize],
+            )
+        })
+        .collect()
+}
+
+/// What one rank of a trial saw.
+#[derive(Debug)]
+enum Outcome {
+    /// A victim: it went away.
+    Died,
+    /// A survivor: the members of its new group, and when it had the group.
+    Shrunk { members: Vec<u32>, at: Instant },
+}
+
+/// One trial: every rank runs `plan`; each victim aborts its transport from a second thread
+/// a random few hundred microseconds into step `kill_at`, the survivors fail, shrink, and run
+/// `after` more checked collectives on the new group. Returns each rank's outcome and when
+/// the last victim went.
+fn trial(
+    groups: Vec<ProcessGroup>,
+    victims: &[u32],
+    seed: u64,
+    after: usize,
+) -> (Vec<Outcome>, Instant) {
+    let steps = plan(seed, 12);
+    let mut rng = Rng(seed ^ 0xA5A5);
+    let kill_at = rng.below(8) as usize;
+    let delay = Duration::from_micros(rng.below(400));
+    let killed_at = Arc::new(Mutex::new(None::<Instant>));
+    let outcomes = common::on_each(groups, {
+        let victims = victims.to_vec();
+        let killed_at = Arc::clone(&killed_at);
+        move |group| {
+            let me = group.rank();
+            let victim = victims.contains(&me);
+            for (step, &(op, len)) in steps.iter().enumerate() {
+                if victim && step == kill_at {
+                    let transport = Arc::clone(group.transport());
+                    let killed_at = Arc::clone(&killed_at);
+                    thread::spawn(move || {
+                        thread::sleep(delay);
+                        *killed_at.lock().unwrap() = Some(Instant::now());
+                        transport.abort();
+                    });
+                }
+                if let Err(error) = run_checked(&group, op, step as u64, len) {
+                    if victim {
+                        return Outcome::Died;
+                    }
+                    assert!(error.is_fatal(), "rank {me} step {step} {op}: {error}");
+                    break;
+                }
+            }
+            if victim {
+                // The abort may land after the victim finished its steps: it is gone either way.
+                thread::sleep(delay + Duration::from_millis(5));
+                return Outcome::Died;
+            }
+            // A survivor that finished every step before the failure reached it meets it here.
+            let _ = group.barrier();
+            let shrunk = group
+                .shrink()
+                .unwrap_or_else(|e| panic!("rank {me}: shrink failed: {e}"));
+            let at = Instant::now();
+            let members = shrunk.members().to_vec();
+            for (step, (op, len)) in plan(seed.wrapping_add(1), after).into_iter().enumerate() {
+                run_checked(&shrunk, op, step as u64, len).unwrap_or_else(|e| {
+                    panic!("rank {me}: {op} step {step} on the shrunk group: {e}")
+                });
+            }
+            Outcome::Shrunk { members, at }
+        }
+    });
+    let killed = killed_at.lock().unwrap().unwrap_or_else(Instant::now);
+    (outcomes, killed)
+}
+
+/// Checks a trial: every survivor holds the same group, of exactly the survivors; returns the
+/// time from the kill to the last survivor holding it.
+fn check_trial(outcomes: &[Outcome], victims: &[u32], killed: Instant, what: &str) -> Duration {
+    let n = outcomes.len() as u32;
+    let survivors: Vec<u32> = (0..n).filter(|r| !victims.contains(r)).collect();
+    let mut latest = killed;
+    for (rank, outcome) in outcomes.iter().enumerate() {
+        match outcome {
+            Outcome::Died => assert!(victims.contains(&(rank as u32)), "{what}: rank {rank} died"),
+            Outcome::Shrunk { members, at } => {
+                assert_eq!(members, &survivors, "{what}: rank {rank}'s new group");
+                latest = latest.max(*at);
+            }
+        }
+    }
+    latest - killed
+}
+
+fn mem_world(n: u32) -> Vec<ProcessGroup> {
+    common::world_with_timeout(n, OP_TIMEOUT)
+}
+
+/// Median and maximum of `times`.
+fn summary(times: &mut [Duration]) -> (Duration, Duration) {
+    times.sort_unstable();
+    (times[times.len() / 2], times[times.len() - 1])
+}
+
+fn kill_trials(
+    world: impl Fn(u32) -> Vec<ProcessGroup>,
+    n: u32,
+    kills: u32,
+    trials: u64,
+    what: &str,
+) {
+    let mut times = Vec::new();
+    for seed in 0..trials {
+        let mut rng = Rng(seed.wrapping_mul(31).wrapping_add(u64::from(n)));
+        let mut victims = Vec::new();
+        while victims.len() < kills as usize {
+            let v = rng.below(u64::from(n)) as u32;
+            if !victims.contains(&v) {
+                victims.push(v);
+            }
+        }
+        let label = format!("{what}, world {n}, victims {victims:?}, seed {seed}");
+        let (outcomes, killed) = trial(world(n), &victims, seed, 100);
+        times.push(check_trial(&outcomes, &victims, killed, &label));
+    }
+    let (median, max) = summary(&mut times);
+    eprintln!(
+        "{what}: world {n}, {kills} killed, {trials} trials: kill to new group median {median:?}, max {max:?}"
+    );
+}
+
+#[test]
+fn mem_kill_one_of_four_at_random_points_100_trials() {
+    kill_trials(mem_world, 4, 1, 100, "mem");
+}
+
+#[test]
+fn mem_kill_two_of_eight() {
+    kill_trials(mem_world, 8, 2, 20, "mem");
+}
+
+#[test]
+fn mem_kill_rank_zero_in_every_world_size() {
+    for n in 2..=8 {
+        let (outcomes, killed) = trial(mem_world(n), &[0], u64::from(n), 20);
+        check_trial(
+            &outcomes,
+            &[0],
+            killed,
+            &format!("mem, world {n}, rank 0 killed"),
+        );
+    }
+}
+
+#[test]
+fn shrink_of_a_healthy_group_keeps_every_member_and_a_new_id() {
+    for n in 1..=8 {
+        let results = common::on_each(mem_world(n), |group| {
+            let shrunk = group.shrink().expect("a healthy shrink");
+            let mut x = vec![1.0f32; 5];
+            shrunk
+                .all_reduce(&mut x, ReduceKind::Sum)
+                .expect("an all-reduce");
+            (
+                group.group_id(),
+                shrunk.group_id(),
+                shrunk.members().to_vec(),
+                x,
+            )
+        });
+        for (old, new, members, x) in &results {
+            assert_ne!(old, new, "world {n}: the new group reuses the old id");
+            assert_eq!(*new, results[0].1, "world {n}: ids differ across ranks");
+            assert_eq!(members, &(0..n).collect::<Vec<_>>(), "world {n}");
+            assert_eq!(x, &vec![n as f32; 5], "world {n}");
+        }
+    }
+}
+
+#[test]
+fn shrinking_twice_loses_a_second_rank() {
+    let results = common::on_each(mem_world(5), |group| {
+        let me = group.rank();
+        if me == 4 {
+            group.transport().abort();
+            return None;
+        }
+        let _ = group.barrier();
+        let once = group.shrink().expect("the first shrink");
+        if me == 1 {
+            once.transport().abort();
+            return None;
+        }
+        let _ = once.barrier();
+        let twice = once.shrink().expect("the second shrink");
+        let mut x = [f32::from(u8::try_from(me).unwrap())];
+        twice
+            .all_reduce(&mut x, ReduceKind::Sum)
+            .expect("an all-reduce");
+        Some((twice.members().to_vec(), x[0]))
+    });
+    for result in results.into_iter().flatten() {
+        assert_eq!(result, (vec![0, 2, 3], 5.0));
+    }
+}
+
+/// A transport that dies (aborts) on its `die_after`-th send, counting from its creation:
+/// the single-crash points of an agreement, one per send.
+struct CrashAfter {
+    inner: Arc<MemTransport>,
+    sends: AtomicU64,
+    die_after: u64,
+}
+
+impl CrashAfter {
+    fn count(&self) -> Result<(), CollectiveError> {
+        if self.sends.fetch_add(1, Ordering::SeqCst) + 1 >= self.die_after {
+            self.inner.abort();
+            return Err(CollectiveError::Aborted);
+        }
+        Ok(())
+    }
+}
+
+impl Transport for CrashAfter {
+    fn rank(&self) -> u32 {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> u32 {
+        self.inner.world_size()
+    }
+    fn send_message(&self, to: u32, tag: Tag, parts: &[&[u8]]) -> Result<(), CollectiveError> {
+        self.count()?;
+        self.inner.send_message(to, tag, parts)
+    }
+    fn recv_message(
+        &self,
+        from: u32,
+        tag: Tag,
+        timeout: Duration,
+    ) -> Result<Option<Vec<u8>>, CollectiveError> {
+        self.inner.recv_message(from, tag, timeout)
+    }
+    fn send_failure(
+        &self,
+        to: u32,
+        tag: Tag,
+        failure: rlx_collective::Failure,
+    ) -> Result<(), CollectiveError> {
+        self.count()?;
+        self.inner.send_failure(to, tag, failure)
+    }
+    fn op_timeout(&self) -> Duration {
+        self.inner.op_timeout()
+    }
+    fn abort(&self) {
+        self.inner.abort();
+    }
+    fn exclude_peer(&self, peer: u32) -> Result<(), CollectiveError> {
+        self.inner.exclude_peer(peer)
+    }
+}
+
+/// Every single crash of the agreement: in worlds of 2 to 5 ranks, one rank (each in turn)
+/// dies at its k-th send of a shrink (each k up to more sends than a shrink makes, so the
+/// last cases are crash-free), while another rank was already lost before it. Every survivor
+/// must end the shrink, and all of them with the same group; a group that still holds the
+/// rank that died during the shrink fails its next operation, and a second shrink then
+/// removes it.
+#[test]
+fn every_single_crash_point_of_the_agreement_leaves_one_agreed_group() {
+    for n in 3..=5u32 {
+        for dying in 0..n {
+            for lost_before in [None, Some((dying + 1) % n)] {
+                for k in 1..=(2 * n as u64 + 2) {
+                    crash_case(n, dying, lost_before, k);
+                }
+            }
+        }
+    }
+}
+
+fn crash_case(n: u32, dying: u32, lost_before: Option<u32>, k: u64) {
+    let what = format!("world {n}, rank {dying} dies at send {k}, lost before: {lost_before:?}");
+    let groups: Vec<ProcessGroup> = MemTransport::fan_out_with_timeout(n, OP_TIMEOUT)
+        .into_iter()
+        .map(|t| {
+            let die_after = if t.rank() == dying { k } else { u64::MAX };
+            ProcessGroup::new(Arc::new(CrashAfter {
+                inner: t,
+                sends: AtomicU64::new(0),
+                die_after,
+            }) as Arc<dyn Transport>)
+        })
+        .collect();
+    let results = common::on_each(groups, move |group| {
+        let me = group.rank();
+        if Some(me) == lost_before {
+            group.transport().abort();
+            return None;
+        }
+        let shrunk = match group.shrink() {
+            Ok(shrunk) => shrunk,
+            Err(error) => {
+                assert_eq!(me, dying, "a survivor's shrink failed: {error}");
+                return None;
+            }
+        };
+        if me == dying {
+            // It may have finished its part before its crash point: it is gone now anyway.
+            shrunk.transport().abort();
+            return None;
+        }
+        let first = shrunk.members().to_vec();
+        let mut x = [1.0f32];
+        let group = match shrunk.all_reduce(&mut x, ReduceKind::Sum) {
+            Ok(()) => shrunk,
+            Err(error) => {
+                assert!(error.is_fatal(), "{error}");
+                assert!(
+                    first.contains(&dying),
+                    "a group without the dead rank failed: {error}"
+                );
+                let _ = shrunk.barrier();
+                let again = shrunk.shrink().expect("a second shrink");
+                x = [1.0];
+                again
+                    .all_reduce(&mut x, ReduceKind::Sum)
+                    .expect("an all-reduce");
+                again
+            }
+        };
+        assert_eq!(x[0], group.world_size() as f32);
+        Some((first, group.members().to_vec()))
+    });
+    let survivors: Vec<u32> = (0..n)
+        .filter(|&r| r != dying && Some(r) != lost_before)
+        .collect();
+    let held: Vec<_> = results.into_iter().flatten().collect();
+    assert_eq!(held.len(), survivors.len(), "{what}");
+    for (first, last) in &held {
+        assert_eq!(
+            first, &held[0].0,
+            "{what}: survivors left the first shrink with different groups"
+        );
+        assert_eq!(last, &survivors, "{what}: the final group");
+    }
+}
+
+/// A rank that stops answering (a stalled process) is declared dead after the operation
+/// timeout; when it wakes up it fails with an error naming itself as excluded, and nothing it
+/// sends reaches the survivors' new group.
+#[test]
+fn a_stalled_rank_that_wakes_up_is_excluded_and_cannot_reach_the_new_group() {
+    let timeout = Duration::from_millis(500);
+    let results = common::on_each(common::world_with_timeout(4, timeout), move |group| {
+        let me = group.rank();
+        if me == 2 {
+            // Stalled through the survivors' failure and shrink.
+            thread::sleep(timeout * 6);
+            let mut x = [1.0f32];
+            let late = group.all_reduce(&mut x, ReduceKind::Sum);
+            let shrink = group.shrink();
+            // Whatever it tries to send to a survivor goes nowhere.
+            let sent = group.send(0, 5, &[9.0f32]);
+            return Err((late.err(), shrink.err(), sent.err()));
+        }
+        let mut x = [1.0f32];
+        let error = group
+            .all_reduce(&mut x, ReduceKind::Sum)
+            .expect_err("rank 2 is silent");
+        assert!(error.is_fatal(), "{error}");
+        let shrunk = group.shrink().expect("the survivors' shrink");
+        // Long enough for rank 2 to wake up and try.
+        thread::sleep(timeout * 8);
+        if shrunk.rank() == 0 {
+            let stray = group
+                .transport()
+                .recv_message(2, Tag::user(5).unwrap(), Duration::ZERO);
+            assert!(
+                !matches!(stray, Ok(Some(_))),
+                "rank 2's message arrived: {stray:?}"
+            );
+        }
+        let mut y = [1.0f32; 3];
+        shrunk
+            .all_reduce(&mut y, ReduceKind::Sum)
+            .expect("the new group works");
+        Ok((shrunk.members().to_vec(), y))
+    });
+    for (rank, result) in results.into_iter().enumerate() {
+        match result {
+            Ok((members, y)) => {
+                assert_eq!(members, [0, 1, 3], "rank {rank}");
+                assert_eq!(y, [3.0; 3], "rank {rank}");
+            }
+            Err((late, shrink, sent)) => {
+                assert!(
+                    late.is_some_and(|e| e.is_fatal()),
+                    "the stalled rank's all-reduce"
+                );
+                match shrink {
+                    Some(CollectiveError::GroupFailed {
+                        peer: 2,
+                        cause: FatalCause::Excluded,
+                        ..
+                    }) => {}
+                    other => panic!("the stalled rank's shrink: {other:?}"),
+                }
+                assert!(sent.is_some(), "the stalled rank's send succeeded");
+            }
+        }
+    }
+}
+
+#[cfg(feature = "tcp")]
+mod tcp {
+    use super::*;
+    use rlx_net::TcpTransport;
+
+    fn tcp_world(n: u32) -> Vec<ProcessGroup> {
+        let port = rlx_transport::ports::free_loopback_ports(1).expect("a free port")[0];
+        let builders: Vec<_> = (0..n)
+            .map(|rank| {
+                thread::spawn(move || {
+                    TcpTransport::builder()
+                        .rank(rank)
+                        .world_size(n)
+                        .master("127.0.0.1", port)
+                        .op_timeout(OP_TIMEOUT)
+                        .connect_timeout(Duration::from_secs(30))
+                        .build()
+                })
+            })
+            .collect();
+        builders
+            .into_iter()
+            .map(|b| {
+                let t = b.join().expect("a builder").expect("a loopback world");
+                ProcessGroup::new(Arc::new(t) as Arc<dyn Transport>)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tcp_kill_one_of_four_at_random_points_100_trials() {
+        kill_trials(tcp_world, 4, 1, 100, "tcp");
+    }
+
+    #[test]
+    fn tcp_kill_two_of_eight() {
+        kill_trials(tcp_world, 8, 2, 10, "tcp");
+    }
+
+    #[test]
+    fn tcp_kill_rank_zero() {
+        for n in [2, 3, 5] {
+            let (outcomes, killed) = trial(tcp_world(n), &[0], u64::from(n), 20);
+            check_trial(
+                &outcomes,
+                &[0],
+                killed,
+                &format!("tcp, world {n}, rank 0 killed"),
+            );
+        }
+    }
+}
