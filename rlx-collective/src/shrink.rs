@@ -18,9 +18,10 @@
 //!   and excludes every member the decision leaves out. A rank that finds itself left out of a
 //!   decision, or excluded by a member, fails with
 //!   [`CollectiveError::GroupFailed`] naming itself ([`FatalCause::Excluded`]).
-//! - A rank whose coordinator is lost, or silent for twice the operation timeout (the
-//!   coordinator itself may wait one timeout for a silent member), suspects it and proposes to
-//!   the next one. A new coordinator that hears a relayed decision adopts it.
+//! - While it collects, the coordinator tells the members that proposed to it that it is
+//!   still at work, a few times per operation timeout. A rank whose coordinator is lost, or
+//!   silent for a whole operation timeout, suspects it and proposes to the next one. A new
+//!   coordinator that hears a relayed decision adopts it.
 //!
 //! What it guarantees: it ends on every rank (each wait is bounded and suspicion only grows);
 //! every rank that leaves with a group leaves with the same members and id, unless a live rank
@@ -45,6 +46,11 @@ const SLICE: Duration = Duration::from_millis(2);
 /// Message kinds on the wire.
 const PROPOSE: u8 = 1;
 const DECIDE: u8 = 2;
+const COLLECTING: u8 = 3;
+
+/// How many times per operation timeout a collecting coordinator tells the members that
+/// proposed to it that it is alive.
+const BEATS_PER_TIMEOUT: u32 = 4;
 
 /// What the survivors agreed on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,13 +68,16 @@ enum Message {
     Propose { proposal: u32, suspects: Vec<u32> },
     /// The coordinator's decision (or a member's relay of it).
     Decide(Decision),
+    /// The coordinator is alive and still collecting proposals.
+    Collecting,
 }
 
 impl Message {
     fn encode(&self) -> Vec<u8> {
-        let (kind, head, ranks) = match self {
+        let (kind, head, ranks): (u8, u32, &[u32]) = match self {
             Message::Propose { proposal, suspects } => (PROPOSE, *proposal, suspects),
             Message::Decide(decision) => (DECIDE, u32::from(decision.group_id), &decision.members),
+            Message::Collecting => (COLLECTING, 0, &[]),
         };
         let mut out = Vec::with_capacity(9 + 4 * ranks.len());
         out.push(kind);
@@ -127,6 +136,8 @@ impl Message {
                 members: ranks,
             })),
             DECIDE => Err(bad("empty decision")),
+            COLLECTING if ranks.is_empty() && head == 0 => Ok(Message::Collecting),
+            COLLECTING => Err(bad("a heartbeat with a body")),
             _ => Err(bad(&format!("unknown kind {kind}"))),
         }
     }
@@ -155,10 +166,12 @@ pub(crate) struct Agreement<'a> {
     suspects: Vec<u32>,
     /// Proposals heard, by world rank (what a coordinator collects).
     heard: BTreeMap<u32, u32>,
-    /// The coordinator this rank proposed to, and when.
+    /// The coordinator this rank proposed to, and when it last heard from it (or proposed).
     proposed_to: Option<(u32, Instant)>,
     /// When this rank became coordinator.
     coordinating_since: Option<Instant>,
+    /// When this rank, as coordinator, last told the members that it is alive.
+    last_beat: Option<Instant>,
 }
 
 impl<'a> Agreement<'a> {
@@ -183,6 +196,7 @@ impl<'a> Agreement<'a> {
             heard: BTreeMap::new(),
             proposed_to: None,
             coordinating_since: None,
+            last_beat: None,
         }
     }
 
@@ -208,10 +222,11 @@ impl<'a> Agreement<'a> {
                     }
                     continue;
                 }
+                self.beat()?;
             } else {
                 match self.proposed_to {
                     Some((to, since)) if to == coordinator => {
-                        if since.elapsed() >= self.timeout.saturating_mul(2) {
+                        if since.elapsed() >= self.timeout {
                             tracing::warn!(coordinator, "shrink: the coordinator is silent");
                             self.suspect(coordinator)?;
                             continue;
@@ -234,6 +249,22 @@ impl<'a> Agreement<'a> {
                 return Ok(decision);
             }
         }
+    }
+
+    /// As coordinator: tells the members that proposed that it is alive, when it is time to.
+    fn beat(&mut self) -> Result<()> {
+        let period = self.timeout / BEATS_PER_TIMEOUT;
+        if self.last_beat.is_some_and(|at| at.elapsed() < period) {
+            return Ok(());
+        }
+        self.last_beat = Some(Instant::now());
+        let proposed: Vec<u32> = self.heard.keys().copied().collect();
+        for peer in proposed {
+            if let Err(error) = self.send(peer, &Message::Collecting) {
+                self.on_peer_error(peer, error)?;
+            }
+        }
+        Ok(())
     }
 
     /// The lowest member this rank does not suspect (this rank at the latest).
@@ -339,6 +370,14 @@ impl<'a> Agreement<'a> {
                 Ok(None)
             }
             Message::Decide(decision) => self.adopt(from, decision).map(Some),
+            Message::Collecting => {
+                if let Some((to, heard)) = &mut self.proposed_to {
+                    if *to == from {
+                        *heard = Instant::now();
+                    }
+                }
+                Ok(None)
+            }
         }
     }
 
@@ -413,6 +452,7 @@ mod tests {
                 group_id: 12,
                 members: vec![0, 5, 7],
             }),
+            Message::Collecting,
         ] {
             assert_eq!(
                 Message::decode(2, &message.encode(), &members).unwrap(),

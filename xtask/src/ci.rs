@@ -124,6 +124,18 @@ fn clusters() -> Result<(), String> {
             ..ClusterArgs::ci()
         },
     ));
+    let shrink_victim = "1@broadcast"
+        .parse()
+        .map_err(|e| format!("fault target: {e}"))?;
+    runs.push((
+        "4 ranks over TCP, rank 1 killed in broadcast, the survivors shrink and go on".to_owned(),
+        ClusterArgs {
+            ranks: 4,
+            kill: Some(shrink_victim),
+            shrink: true,
+            ..ClusterArgs::ci()
+        },
+    ));
     let netns = crate::netns::check_available();
     if netns.is_ok() {
         runs.push((

@@ -55,6 +55,17 @@ pub(crate) enum Event {
         /// Cases that failed.
         failed: u64,
     },
+    /// The rank met a fatal error, shrank its group to the survivors and goes on with them.
+    Shrunk {
+        /// The rank (its rank in the full world).
+        rank: u32,
+        /// The error that made it shrink.
+        error: ErrorRecord,
+        /// World ranks of the new group's members.
+        members: Vec<u32>,
+        /// How long the shrink took, in microseconds.
+        micros: u64,
+    },
 }
 
 impl Event {
@@ -66,7 +77,8 @@ impl Event {
             | Event::Case { rank, .. }
             | Event::Fault { rank, .. }
             | Event::Failed { rank, .. }
-            | Event::Done { rank, .. } => *rank,
+            | Event::Done { rank, .. }
+            | Event::Shrunk { rank, .. } => *rank,
         }
     }
 

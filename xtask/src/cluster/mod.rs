@@ -10,6 +10,7 @@
 mod events;
 mod fault;
 mod progress;
+mod shrink;
 mod table;
 pub(crate) mod worker;
 
@@ -53,6 +54,11 @@ pub(crate) struct ClusterArgs {
     /// Global timeout in seconds: a rank still running then is reported as hung.
     #[arg(long, default_value_t = 180)]
     pub(crate) timeout: u64,
+    /// With --kill or --stall: the survivors shrink their group to the ranks left
+    /// (`ProcessGroup::shrink`) and run the rest of the cases on the smaller world, every
+    /// result checked; the run passes only if every survivor agrees on the same new group.
+    #[arg(long)]
+    pub(crate) shrink: bool,
     /// The ranks' operation timeout (RLX_TIMEOUT_MS); defaults to 2000 with --stall.
     #[arg(long)]
     pub(crate) timeout_ms: Option<u64>,
@@ -79,6 +85,7 @@ impl ClusterArgs {
             iters: 1,
             seed: 1,
             timeout: 300,
+            shrink: false,
             timeout_ms: None,
             fault_bound: 10,
             quick: true,
@@ -125,6 +132,8 @@ struct RankView {
     ended_at: Option<Instant>,
     records: Vec<CaseRecord>,
     log_tail: VecDeque<String>,
+    /// Its shrink, once it reported one.
+    shrunk: Option<shrink::Shrunk>,
 }
 
 impl RankView {
@@ -167,6 +176,9 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), String> {
             return Err("fault injection needs at least two ranks".to_owned());
         }
     }
+    if args.shrink && fault.is_none() {
+        return Err("--shrink needs a fault to survive (--kill or --stall)".to_owned());
+    }
     let stall = matches!(&fault, Some(f) if f.kind == FaultKind::Stall);
     let timeout_ms = args.timeout_ms.or(stall.then_some(2000));
     let config = args.world.config(args.ranks, timeout_ms);
@@ -190,6 +202,9 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), String> {
     }
     if let Some(f) = &fault {
         rank_args.extend(["--fault".to_owned(), f.to_arg()]);
+    }
+    if args.shrink {
+        rank_args.push("--shrink".to_owned());
     }
     // With a fault, every rank keeps a flight record, and the report on them must name the
     // faulty rank: what a user would run to find it.
@@ -232,6 +247,9 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), String> {
             .map(|f| format!(", {} rank {}", f.kind.name(), f.target))
             .unwrap_or_default(),
     );
+    if args.shrink {
+        println!("test-cluster: the survivors shrink to the ranks left and go on");
+    }
     let result = supervise(
         args,
         &specs,
@@ -276,6 +294,20 @@ fn supervise(
         .and(flight)
 }
 
+/// How long after the fault every survivor has to report it (or, with `--shrink`, to hold
+/// its new group): `--fault-bound`, plus the operation timeout for a stall (the survivors
+/// learn of it from their timeout), and once more with `--shrink` (the shrink waits that long
+/// for the stalled rank's answer).
+fn fault_bound(fault: &Fault, timeout_ms: Option<u64>, args: &ClusterArgs) -> Duration {
+    let timeout = Duration::from_millis(timeout_ms.unwrap_or(0));
+    Duration::from_secs(args.fault_bound)
+        + match (fault.kind, args.shrink) {
+            (FaultKind::Stall, false) => timeout,
+            (FaultKind::Stall, true) => timeout * 2,
+            (FaultKind::Kill, _) => Duration::ZERO,
+        }
+}
+
 /// The launcher's view of the whole job while it runs, and its verdict afterwards.
 struct Monitor {
     ranks: Vec<RankView>,
@@ -304,19 +336,16 @@ impl Monitor {
             mem: args.world.transport == TransportKind::Mem,
         };
         let deadline = Instant::now() + Duration::from_secs(args.timeout);
-        let fault_bound = Duration::from_secs(args.fault_bound)
-            + fault
-                .filter(|f| f.kind == FaultKind::Stall)
-                .map_or(Duration::ZERO, |_| {
-                    Duration::from_millis(timeout_ms.unwrap_or(0))
-                });
+        let fault_bound = fault.map_or(Duration::ZERO, |f| fault_bound(f, timeout_ms, args));
         let mut progress = Progress::new();
         loop {
             if monitor.ranks.iter().all(|r| r.end.is_some()) {
                 break;
             }
             let now = Instant::now();
-            let fault_expired = monitor.fault_at.is_some_and(|at| now > at + fault_bound);
+            // After a shrink the survivors run on: the bound is on their shrink, not their end.
+            let fault_expired = monitor.fault_at.is_some_and(|at| now > at + fault_bound)
+                && !(args.shrink && monitor.every_survivor_shrank_or_ended());
             // A rank that died on its own is a failure already; the others get the same bound
             // as after an injected kill to report, rather than the whole global timeout.
             let crash_expired = monitor
@@ -334,6 +363,13 @@ impl Monitor {
         monitor.stopped_at = Instant::now();
         progress.finish(&monitor.status_lines());
         monitor
+    }
+
+    /// Whether every rank that was not the fault's victim has shrunk or ended.
+    fn every_survivor_shrank_or_ended(&self) -> bool {
+        self.ranks
+            .iter()
+            .all(|r| r.shrunk.is_some() || r.end.is_some())
     }
 
     /// When the first rank ended without a report, if one did.
@@ -458,6 +494,19 @@ impl Monitor {
                 view.end = Some(End::Done { failed });
                 view.ended_at = Some(now);
             }
+            Event::Shrunk {
+                error,
+                members,
+                micros,
+                ..
+            } => {
+                view.shrunk = Some(shrink::Shrunk {
+                    error,
+                    members,
+                    micros,
+                    at: now,
+                });
+            }
         }
     }
 
@@ -474,12 +523,21 @@ impl Monitor {
                 .flat_map(|(rank, view)| view.records.iter().map(move |r| (rank, r))),
         );
         println!();
-        print!("{}", table::render(&merged, args.ranks));
+        if args.shrink {
+            let (after, before): (Vec<_>, Vec<_>) =
+                merged.iter().cloned().partition(shrink::after_shrink);
+            print!("{}", table::render(&before, args.ranks));
+            println!("\nOn the shrunk world of {} ranks:", args.ranks - 1);
+            print!("{}", table::render(&after, args.ranks - 1));
+        } else {
+            print!("{}", table::render(&merged, args.ranks));
+        }
         let mut problems = Vec::new();
         // Cases from the fault point on ran without the victim: their failures are the
         // fault's expected effect, judged below through each survivor's error.
-        let before_fault =
-            |c: &&table::MergedCase| self.fault_index.is_none_or(|at| c.case.index < at);
+        let before_fault = |c: &&table::MergedCase| {
+            self.fault_index.is_none_or(|at| c.case.index < at) || shrink::after_shrink(c)
+        };
         let after_fault = merged
             .iter()
             .filter(|c| !c.passed() && !before_fault(c))
@@ -545,6 +603,23 @@ impl Monitor {
                 }
                 Vec::new()
             }
+            Some(f) if args.shrink => match self.fault_at {
+                Some(fault_at) => shrink::judge(
+                    f,
+                    &self.ranks,
+                    fault_at,
+                    fault_bound(f, timeout_ms, args),
+                    &merged,
+                    &mut problems,
+                ),
+                None => {
+                    problems.push(format!(
+                        "FAULT: rank {} never reached the fault point {}",
+                        f.target.rank, f.target
+                    ));
+                    Vec::new()
+                }
+            },
             Some(f) => self.judge_fault(f, timeout_ms, args, &mut problems),
         };
         let passed = merged.iter().filter(|c| c.passed()).count();
@@ -608,11 +683,7 @@ impl Monitor {
             };
             errors.insert(rank, error);
         }
-        let bound = Duration::from_secs(args.fault_bound)
-            + match fault.kind {
-                FaultKind::Stall => Duration::from_millis(timeout_ms.unwrap_or(0)),
-                FaultKind::Kill => Duration::ZERO,
-            };
+        let bound = fault_bound(fault, timeout_ms, args);
         let mut lines = Vec::new();
         for (rank, verdict) in fault::judge(fault.kind, victim, &errors) {
             let view = &self.ranks[rank as usize];
@@ -764,6 +835,66 @@ mod tests {
     }
 
     const WAIT_FOR_EOF: &str = "cat > /dev/null";
+
+    fn shrunk(rank: u32, members: &[u32]) -> String {
+        Event::Shrunk {
+            rank,
+            error: ErrorRecord {
+                kind: "peer_lost".to_owned(),
+                peer: Some(2),
+                message: "peer_lost naming rank 2".to_owned(),
+                during: None,
+            },
+            members: members.to_vec(),
+            micros: 400,
+        }
+        .to_line()
+    }
+
+    #[test]
+    fn a_shrink_passes_only_when_every_survivor_holds_the_survivors_and_passes_after() {
+        let fault = Fault {
+            kind: FaultKind::Kill,
+            target: "2@0".parse().unwrap(),
+        };
+        let victim = Event::Fault {
+            rank: 2,
+            kind: "kill".to_owned(),
+            index: 0,
+        }
+        .to_line();
+        let after = worker::SHRUNK_CASE_BASE;
+        let run = |members_of_1: &[u32], passed_after: bool| {
+            let survivor = |rank: u32, members: &[u32], passed: bool| {
+                scripted(
+                    rank,
+                    &[
+                        start(rank),
+                        shrunk(rank, members),
+                        case(rank, after, passed),
+                        done(rank, u64::from(!passed)),
+                    ],
+                    WAIT_FOR_EOF,
+                )
+            };
+            let specs = [
+                survivor(0, &[0, 1], true),
+                survivor(1, members_of_1, passed_after),
+                scripted(2, &[start(2), victim.clone()], "sleep 30"),
+            ];
+            let args = ClusterArgs {
+                kill: Some("2@0".parse().unwrap()),
+                shrink: true,
+                ..args(3, 20)
+            };
+            supervise(&args, &specs, Some(&fault), None, None)
+        };
+        run(&[0, 1], true).unwrap();
+        let err = run(&[0, 1, 2], true).unwrap_err();
+        assert!(err.contains("SHRINK: rank 1's new group"), "{err}");
+        let err = run(&[0, 1], false).unwrap_err();
+        assert!(err.contains("WRONG"), "{err}");
+    }
 
     #[test]
     fn a_clean_run_passes() {

@@ -12,7 +12,7 @@
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use rlx_collective::conformance::{self, CaseResult, ConformanceOptions, DEFAULT_SIZES};
@@ -54,7 +54,15 @@ pub(crate) struct RankArgs {
     /// The fault to inject, as KIND:RANK@POINT.
     #[arg(long)]
     pub(crate) fault: Option<String>,
+    /// After a fatal failure, shrink the group to the survivors and go on.
+    #[arg(long)]
+    pub(crate) shrink: bool,
 }
+
+/// Case indices after a shrink start here, so that the launcher tells the cases of the
+/// shrunk world from those of the full one (the survivors number them alike, whatever point
+/// each had reached when the failure came).
+pub(crate) const SHRUNK_CASE_BASE: u64 = 1 << 32;
 
 /// One group of cases: a collective on one dtype and element count (and segment cap).
 #[derive(Debug, Clone, Copy)]
@@ -151,6 +159,7 @@ pub(crate) fn run(args: &RankArgs) -> Result<(), String> {
             fault: fault.clone(),
             seed: args.seed,
             in_process,
+            shrink: args.shrink,
         };
         let keep = Arc::clone(&keep);
         let body = move || {
@@ -181,6 +190,7 @@ struct RankCtx {
     fault: Option<Fault>,
     seed: u64,
     in_process: bool,
+    shrink: bool,
 }
 
 /// The victim's side of a fault: detects the point and carries it out.
@@ -251,16 +261,23 @@ impl RankCtx {
         let next_case = Arc::new(AtomicU64::new(0));
         let failed = Arc::new(AtomicU64::new(0));
         let mut trigger = Trigger::default();
-        for (index, group) in self.plan.iter().enumerate() {
+        let mut group = self.group.clone();
+        let mut shrunk = false;
+        let mut index = 0;
+        while let Some(case_group) = self.plan.get(index) {
             let next = next_case.load(Ordering::SeqCst);
-            injector.maybe_fire(next, |point| trigger.reached(point, next, group.op.name()));
+            if !shrunk {
+                injector.maybe_fire(next, |point| {
+                    trigger.reached(point, next, case_group.op.name())
+                });
+            }
             if injector.silent() {
                 return;
             }
             self.reporter.emit(&Event::Start {
                 rank,
                 group: index as u64,
-                name: group.name(),
+                name: case_group.name(),
             });
             let progress = {
                 let reporter = Arc::clone(&self.reporter);
@@ -287,29 +304,58 @@ impl RankCtx {
                 }
             };
             let options = ConformanceOptions {
-                ops: vec![group.op],
-                dtypes: vec![group.dtype],
+                ops: vec![case_group.op],
+                dtypes: vec![case_group.dtype],
                 reduces: ReduceKind::ALL.to_vec(),
-                sizes: vec![group.count],
+                sizes: vec![case_group.count],
                 algorithms: true,
                 all_roots: false,
-                max_segment_bytes: group.max_segment_bytes,
+                max_segment_bytes: case_group.max_segment_bytes,
                 seed: self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ index as u64,
                 progress: Some(Arc::new(progress)),
             };
-            if let Err(error) = conformance::run(&self.group, &options) {
-                if !injector.silent() {
-                    self.reporter.emit(&Event::Failed {
-                        rank,
-                        error: ErrorRecord::from_error(&error, Some(group.name())),
-                    });
+            let error = match conformance::run(&group, &options) {
+                Ok(_) => {
+                    index += 1;
+                    continue;
                 }
-                // The run only ends early on an error that leaves the group unusable. Abort,
-                // as a program would: a peer still waiting on this rank in an earlier
-                // operation then fails at once (this peer lost) instead of at its timeout.
-                self.group.transport().abort();
+                Err(error) => error,
+            };
+            if injector.silent() {
                 return;
             }
+            if self.shrink && !shrunk && error.is_fatal() {
+                match shrink_and_resume(&group, index, rank, &error, case_group, &self.reporter) {
+                    Ok((smaller, resume)) => {
+                        group = smaller;
+                        index = resume;
+                        shrunk = true;
+                        next_case.store(SHRUNK_CASE_BASE, Ordering::SeqCst);
+                        failed.store(0, Ordering::SeqCst);
+                        continue;
+                    }
+                    Err(shrink_error) => {
+                        self.reporter.emit(&Event::Failed {
+                            rank,
+                            error: ErrorRecord::from_error(
+                                &shrink_error,
+                                Some(format!("shrink after {}", case_group.name())),
+                            ),
+                        });
+                        group.transport().abort();
+                        return;
+                    }
+                }
+            }
+            self.reporter.emit(&Event::Failed {
+                rank,
+                error: ErrorRecord::from_error(&error, Some(case_group.name())),
+            });
+            // The run only ends early on an error that leaves the group unusable. Abort,
+            // as a program would: a peer still waiting on this rank in an earlier
+            // operation then fails at once (this peer lost) instead of at its timeout.
+            group.transport().abort();
+            return;
         }
         let failed = failed.load(Ordering::SeqCst);
         self.reporter.emit(&Event::Done {
@@ -318,6 +364,32 @@ impl RankCtx {
             failed,
         });
     }
+}
+
+/// Shrinks `group` to its survivors after `error` (met in plan group `index`, named by
+/// `during`), reports it, and returns the new group with the plan group every survivor
+/// resumes at: the earliest one any of them failed in, so that all run the same cases.
+fn shrink_and_resume(
+    group: &ProcessGroup,
+    index: usize,
+    rank: u32,
+    error: &rlx_collective::CollectiveError,
+    during: &Group,
+    reporter: &Reporter,
+) -> Result<(ProcessGroup, usize), rlx_collective::CollectiveError> {
+    let started = Instant::now();
+    let smaller = group.shrink()?;
+    let micros = started.elapsed().as_micros() as u64;
+    let mut resume = [index as i64];
+    smaller.all_reduce(&mut resume, ReduceKind::Min)?;
+    reporter.emit(&Event::Shrunk {
+        rank,
+        error: ErrorRecord::from_error(error, Some(during.name())),
+        members: smaller.members().to_vec(),
+        micros,
+    });
+    let resume = usize::try_from(resume[0]).unwrap_or(index);
+    Ok((smaller, resume))
 }
 
 /// The launcher's record of one conformance case.

@@ -1,0 +1,136 @@
+//! The verdict of `test-cluster --kill/--stall R@POINT --shrink`: every survivor reported the
+//! failure with an error the fault explains, shrank to the same group of exactly the
+//! survivors in time, and ran the rest of the cases on that smaller world, every one passing
+//! on every survivor.
+
+use std::time::{Duration, Instant};
+
+use super::events::ErrorRecord;
+use super::fault::{self, Fault};
+use super::table::MergedCase;
+use super::worker::SHRUNK_CASE_BASE;
+use super::{End, RankView};
+use std::collections::BTreeMap;
+
+/// A survivor's report of its shrink.
+#[derive(Debug, Clone)]
+pub(super) struct Shrunk {
+    /// The error that made it shrink.
+    pub(super) error: ErrorRecord,
+    /// World ranks of its new group.
+    pub(super) members: Vec<u32>,
+    /// How long the shrink itself took, in microseconds.
+    pub(super) micros: u64,
+    /// When the launcher heard of it.
+    pub(super) at: Instant,
+}
+
+/// Whether `case` ran on the shrunk world.
+pub(super) fn after_shrink(case: &MergedCase) -> bool {
+    case.case.index >= SHRUNK_CASE_BASE
+}
+
+/// Judges the survivors of `fault` (at `fault_at`): pushes what is wrong to `problems` and
+/// returns one line per survivor plus a summary of the cases on the shrunk world.
+pub(super) fn judge(
+    fault: &Fault,
+    ranks: &[RankView],
+    fault_at: Instant,
+    bound: Duration,
+    merged: &[MergedCase],
+    problems: &mut Vec<String>,
+) -> Vec<String> {
+    let victim = fault.target.rank;
+    let survivors: Vec<u32> = (0..ranks.len() as u32).filter(|&r| r != victim).collect();
+    let errors: BTreeMap<u32, Option<ErrorRecord>> = survivors
+        .iter()
+        .map(|&rank| {
+            let error = ranks[rank as usize]
+                .shrunk
+                .as_ref()
+                .map(|s| s.error.clone());
+            (rank, error)
+        })
+        .collect();
+    let verdicts = fault::judge(fault.kind, victim, &errors);
+    let mut lines = Vec::new();
+    let mut times = Vec::new();
+    for &rank in &survivors {
+        let view = &ranks[rank as usize];
+        let Some(shrunk) = &view.shrunk else {
+            let why = match &view.end {
+                Some(End::Failed(e)) => format!("failed instead: {}", e.message),
+                Some(End::Done { .. }) => "finished without meeting the failure".to_owned(),
+                Some(End::Crashed(why)) => why.clone(),
+                _ => "never reported".to_owned(),
+            };
+            problems.push(format!("SHRINK: rank {rank} did not shrink: {why}"));
+            continue;
+        };
+        let after = shrunk.at.saturating_duration_since(fault_at);
+        times.push(after);
+        lines.push(format!(
+            "survivor rank {rank}: new group {:?} {:.3} s after the fault (the shrink took {:.1} ms), after: {}",
+            shrunk.members,
+            after.as_secs_f64(),
+            shrunk.micros as f64 / 1000.0,
+            shrunk.error.message
+        ));
+        if let Some(Err(why)) = verdicts.get(&rank) {
+            problems.push(format!("FAULT: {why}"));
+        }
+        if shrunk.members != survivors {
+            problems.push(format!(
+                "SHRINK: rank {rank}'s new group is {:?}, not the survivors {survivors:?}",
+                shrunk.members
+            ));
+        }
+        if after > bound {
+            problems.push(format!(
+                "SHRINK: rank {rank} held its new group {:.3} s after the fault, over the bound of {:.1} s",
+                after.as_secs_f64(),
+                bound.as_secs_f64()
+            ));
+        }
+        match &view.end {
+            Some(End::Done { .. }) => {}
+            Some(End::Failed(e)) => problems.push(format!(
+                "SHRINK: rank {rank} failed on the shrunk world{}: {}",
+                e.during
+                    .as_deref()
+                    .map(|d| format!(" in {d}"))
+                    .unwrap_or_default(),
+                e.message
+            )),
+            other => problems.push(format!(
+                "SHRINK: rank {rank} did not finish on the shrunk world ({other:?})"
+            )),
+        }
+    }
+    let after: Vec<&MergedCase> = merged.iter().filter(|c| after_shrink(c)).collect();
+    let incomplete = after
+        .iter()
+        .filter(|c| c.ranks.iter().copied().collect::<Vec<_>>() != survivors)
+        .count();
+    if after.is_empty() {
+        problems.push("SHRINK: no case ran on the shrunk world".to_owned());
+    } else if incomplete > 0 {
+        problems.push(format!(
+            "SHRINK: {incomplete} of the {} cases on the shrunk world were not reported by exactly the survivors",
+            after.len()
+        ));
+    }
+    let passed = after.iter().filter(|c| c.passed()).count();
+    times.sort_unstable();
+    if let (Some(first), Some(last)) = (times.first(), times.last()) {
+        lines.push(format!(
+            "shrink: {} survivors held the new group {:.3}-{:.3} s after the fault; {passed} of {} cases on the {}-rank world passed",
+            times.len(),
+            first.as_secs_f64(),
+            last.as_secs_f64(),
+            after.len(),
+            survivors.len()
+        ));
+    }
+    lines
+}
