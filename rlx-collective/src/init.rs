@@ -1,5 +1,6 @@
 //! [`init`]: a [`ProcessGroup`] from the environment, on the backend the Cargo features
-//! compiled in and `RLX_BACKEND` selects.
+//! compiled in and `RLX_BACKEND` selects; [`join`]: the same for a process that joins a
+//! running job.
 
 use crate::{CollectiveError, ProcessGroup, Result};
 
@@ -51,6 +52,49 @@ pub fn init() -> Result<ProcessGroup> {
         _ => default_backend().to_owned(),
     };
     init_backend(&name)
+}
+
+/// Joins a running job from the environment, as a replacement or an extra process: reaches
+/// the job at its rendezvous address (the same variables as for [`init`]; the rank and world
+/// size are ignored), waits until the members admit it with [`ProcessGroup::grow`], and
+/// returns the grown group, in which it has a rank after every member's. Only the TCP
+/// backend admits joiners; the others fail with [`CollectiveError::Unsupported`].
+///
+/// # Examples
+///
+/// ```no_run
+/// // A replacement for a lost worker, started with the job's RLX_MASTER_ADDR/RLX_MASTER_PORT
+/// // (and RLX_JOB_SECRET), while the survivors call `group.grow(1, timeout)`.
+/// let group = rlx_collective::join()?;
+/// let mut weights = vec![0.0f32; 1024];
+/// group.broadcast(0, &mut weights)?; // catch up from the members
+/// # Ok::<(), rlx_collective::CollectiveError>(())
+/// ```
+pub fn join() -> Result<ProcessGroup> {
+    crate::install_debug_subscriber();
+    let requested = std::env::var(BACKEND_VAR).ok();
+    let name = match requested.as_deref().map(str::trim) {
+        Some(name) if !name.is_empty() => name.to_ascii_lowercase(),
+        _ => default_backend().to_owned(),
+    };
+    match name.as_str() {
+        "tcp" => join_tcp(),
+        other => Err(CollectiveError::unsupported(format!(
+            "joining a running job over {BACKEND_VAR}={other}: only the tcp backend admits \
+             new processes"
+        ))),
+    }
+}
+
+#[cfg(feature = "tcp")]
+fn join_tcp() -> Result<ProcessGroup> {
+    let transport = rlx_net::TcpTransport::join_from_env()?;
+    Ok(ProcessGroup::new(std::sync::Arc::new(transport)))
+}
+
+#[cfg(not(feature = "tcp"))]
+fn join_tcp() -> Result<ProcessGroup> {
+    Err(not_compiled("tcp", "tcp"))
 }
 
 fn default_backend() -> &'static str {

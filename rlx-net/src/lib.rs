@@ -34,6 +34,7 @@
 //!
 //! [`Transport`]: rlx_transport::Transport
 
+mod admission;
 mod bootstrap;
 mod error;
 mod frame;

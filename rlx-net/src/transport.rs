@@ -57,6 +57,9 @@ pub struct TcpTransport {
     world: u32,
     engine: Arc<Engine>,
     watcher: Option<thread::JoinHandle<()>>,
+    /// How this transport was built, for the transports of grown worlds (see
+    /// [`crate::admission`]).
+    pub(crate) config: TcpTransportBuilder,
 }
 
 impl fmt::Debug for TcpTransport {
@@ -280,6 +283,7 @@ impl TcpTransportBuilder {
     /// Rendezvous with every rank, connect and handshake every link, and start the transport.
     /// Waits up to the connect timeout for all ranks.
     pub fn build(self) -> Result<TcpTransport> {
+        let config = self.clone();
         let rendezvous = self.rendezvous.ok_or_else(|| {
             CollectiveError::config("no rendezvous: give a hostfile or a master address")
         })?;
@@ -372,7 +376,34 @@ impl TcpTransportBuilder {
             world,
             engine,
             watcher,
+            config,
         })
+    }
+}
+
+impl TcpTransportBuilder {
+    /// The job id the transport runs under: the one given, or the rendezvous's.
+    pub(crate) fn effective_job_id(&self) -> String {
+        match (&self.job_id, &self.rendezvous) {
+            (Some(id), _) => id.clone(),
+            (None, Some(rendezvous)) => rendezvous.derived_job_id(),
+            (None, None) => String::new(),
+        }
+    }
+
+    /// The job secret, when one is set.
+    pub(crate) fn secret_bytes(&self) -> Option<Vec<u8>> {
+        self.secret.clone()
+    }
+
+    /// The rendezvous, when one is set.
+    pub(crate) fn rendezvous_spec(&self) -> Option<&Rendezvous> {
+        self.rendezvous.as_ref()
+    }
+
+    /// How long bootstrap (and joining) waits for the other ranks.
+    pub(crate) fn effective_connect_timeout(&self) -> Duration {
+        self.connect_timeout.unwrap_or(self.op_timeout)
     }
 }
 
@@ -406,6 +437,18 @@ impl TcpTransport {
     /// The address of `rank`'s first link, when connected.
     pub fn peer_addr(&self, rank: u32) -> Option<SocketAddr> {
         self.engine.peer_addr(rank)
+    }
+
+    /// This end's address of the first link to `rank`, when connected.
+    pub(crate) fn local_addr_towards(&self, rank: u32) -> Option<SocketAddr> {
+        self.engine.local_addr_towards(rank)
+    }
+
+    /// Joins a running job from the launch environment (see [`TcpTransportBuilder::join`]):
+    /// the same variables as [`TcpTransport::from_env`], whose rank and world size are
+    /// ignored.
+    pub fn join_from_env() -> Result<TcpTransport> {
+        Self::builder().launch_env(LaunchEnv::from_env()?).join()
     }
 
     fn finish(&self, from: u32, outcome: Outcome) -> Result<Vec<u8>> {
@@ -484,6 +527,10 @@ impl Transport for TcpTransport {
 
     fn exclude_peer(&self, peer: u32) -> Result<()> {
         self.engine.exclude(peer)
+    }
+
+    fn admission(&self) -> Option<&dyn rlx_transport::Admission> {
+        Some(self)
     }
 
     fn abort(&self) {

@@ -28,6 +28,7 @@
 //! # Ok::<(), rlx_transport::CollectiveError>(())
 //! ```
 
+pub mod admission;
 pub mod bootstrap;
 mod dtype;
 mod element;
@@ -42,12 +43,13 @@ mod sync;
 mod tag;
 mod transport;
 
+pub use admission::{Admission, PendingJoiner};
 pub use bootstrap::{LaunchEnv, Rendezvous};
 pub use dtype::{DType, ReduceKind, negotiate_reduce_dtype};
 pub use element::Element;
 pub use error::{CollectiveError, FatalCause, Result};
 pub use inbox::Inbox;
-pub use mem::MemTransport;
+pub use mem::{MemJoiner, MemTransport};
 pub use symmetric::{Region, Symmetric, SymmetricTransport};
 pub use tag::{EXCLUSION_TAG, TAG_RESERVED_BASE, TRANSPORT_GROUP, Tag};
 pub use transport::{

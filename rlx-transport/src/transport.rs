@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::admission::Admission;
 use crate::error::FatalCause;
 use crate::symmetric::{Cmp, Completion, Region, Signal, SymmetricHeap, SymmetricTransport};
 use crate::{CollectiveError, DType, ReduceKind, Result, TRANSPORT_GROUP, Tag};
@@ -120,6 +121,12 @@ pub trait Transport: Send + Sync {
                 ..
             })
         )
+    }
+
+    /// How this transport admits new processes into the job (`ProcessGroup::grow`), if it
+    /// can; see the [`admission`](crate::admission) module.
+    fn admission(&self) -> Option<&dyn Admission> {
+        None
     }
 
     /// Collectives the backend runs natively (MLX's `all_sum`, ...), if any. `ProcessGroup` uses

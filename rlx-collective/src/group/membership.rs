@@ -1,13 +1,23 @@
 //! Changing who is in a group: [`ProcessGroup::shrink`] forms a new group of the members that
-//! are still alive (the agreement itself lives in the `shrink` module).
+//! are still alive (the agreement itself lives in the `shrink` module), and
+//! [`ProcessGroup::grow`] admits new processes (through the transport's
+//! [`Admission`](crate::Admission)).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::ProcessGroup;
 use crate::shrink::Agreement;
-use crate::{CollectiveError, Result};
+use crate::{CollectiveError, Result, Tag};
+
+/// The phase of a group's tag space that carries the leader's growth plan to the members (the
+/// sequence number is the attempt); below the shrink phase.
+const GROW_PHASE: u16 = u16::MAX - 2;
+
+/// What the leader sends each member in `grow`: the first byte says which.
+const GROWTH_FAILED: u8 = 0;
+const GROWTH_PLANNED: u8 = 1;
 
 impl ProcessGroup {
     /// Collective over the survivors: forms a new group of the members of this group that are
@@ -105,5 +115,138 @@ impl ProcessGroup {
             rank,
             Arc::clone(&shared.group_ids),
         ))
+    }
+
+    /// Collective over the members: admits `joiners` new processes, waiting up to `timeout`
+    /// for them, and returns the grown group: the members keep their ranks, the joiners take
+    /// ranks `world_size()..world_size() + joiners` in the order they arrived. Every member
+    /// calls it; a joiner starts with the job's rendezvous information (for TCP the same
+    /// `RLX_MASTER_ADDR`/`RLX_MASTER_PORT` and `RLX_JOB_SECRET`, through
+    /// [`join`](crate::join); in-process, [`MemJoiner`](crate::MemJoiner)) and gets the same
+    /// grown group.
+    ///
+    /// The group's rank 0 (after a [`shrink`](ProcessGroup::shrink) that lost the original
+    /// rank 0, the lowest survivor) admits the joiners: it takes over the job's rendezvous
+    /// address, checks each joiner like a rank (job id, `RLX_JOB_SECRET`), and hosts the new
+    /// world's rendezvous. The grown group runs on a new transport with links of its own and
+    /// a fresh tag space, so nothing sent before the growth (a late contribution, a stale
+    /// message) can reach it; this group and its transport stay as they were, for the caller
+    /// to drop. Fails with `Timeout` on every member when fewer joiners came in time, with
+    /// `GroupFailed` on a failed group (shrink it first), and with `Unsupported` on a
+    /// transport that cannot admit processes (see [`Transport::admission`](crate::Transport::admission)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
+    ///
+    /// let ranks = MemTransport::fan_out(2);
+    /// let joiner = ranks[0].joiner();
+    /// let newcomer = std::thread::spawn(move || {
+    ///     let group = ProcessGroup::new(joiner.join(Duration::from_secs(60))? as Arc<dyn Transport>);
+    ///     let mut x = [10.0f32];
+    ///     group.all_reduce(&mut x, ReduceKind::Sum)?;
+    ///     Ok::<_, rlx_collective::CollectiveError>((group.rank(), x[0]))
+    /// });
+    /// let members: Vec<_> = ranks
+    ///     .into_iter()
+    ///     .map(|t| {
+    ///         std::thread::spawn(move || {
+    ///             let group = ProcessGroup::new(t as Arc<dyn Transport>);
+    ///             let grown = group.grow(1, Duration::from_secs(60))?;
+    ///             let mut x = [grown.rank() as f32];
+    ///             grown.all_reduce(&mut x, ReduceKind::Sum)?;
+    ///             Ok::<_, rlx_collective::CollectiveError>((grown.rank(), x[0]))
+    ///         })
+    ///     })
+    ///     .collect();
+    /// for member in members {
+    ///     let (_, sum) = member.join().unwrap()?;
+    ///     assert_eq!(sum, 11.0);
+    /// }
+    /// assert_eq!(newcomer.join().unwrap()?, (2, 11.0));
+    /// # Ok::<(), rlx_collective::CollectiveError>(())
+    /// ```
+    pub fn grow(&self, joiners: u32, timeout: Duration) -> Result<ProcessGroup> {
+        let shared = &self.shared;
+        shared.health.check()?;
+        let admission = shared.transport.admission().ok_or_else(|| {
+            CollectiveError::unsupported(
+                "grow: this transport cannot admit new processes (the TCP and in-process \
+                 transports can)",
+            )
+        })?;
+        let n = self.world_size();
+        let size = n.checked_add(joiners).ok_or_else(|| {
+            CollectiveError::invalid(format!("grow: {n} + {joiners} ranks overflow"))
+        })?;
+        let attempt = shared.grows.fetch_add(1, Ordering::Relaxed);
+        let tag = Tag::op(shared.group_id, attempt, GROW_PHASE);
+        let started = Instant::now();
+        let _span = tracing::info_span!("grow", group = shared.group_id, joiners).entered();
+        let plan = if shared.rank == 0 {
+            let planned = admission
+                .await_joiners(joiners, timeout)
+                .and_then(|pending| Ok((pending, admission.plan_world(size)?)));
+            let (pending, plan) = match planned {
+                Ok(planned) => planned,
+                Err(error) => {
+                    let why = error.to_string();
+                    for &member in &shared.members[1..] {
+                        // A member that cannot be told fails at its own deadline.
+                        let _ = shared.transport.send_message(
+                            member,
+                            tag,
+                            &[&[GROWTH_FAILED], why.as_bytes()],
+                        );
+                    }
+                    return Err(error);
+                }
+            };
+            for &member in &shared.members[1..] {
+                shared
+                    .transport
+                    .send_message(member, tag, &[&[GROWTH_PLANNED], &plan])?;
+            }
+            for (rank, joiner) in (n..).zip(pending) {
+                let who = joiner.describe();
+                tracing::info!(rank, joiner = %who, "grow: admitting");
+                joiner.admit(rank, size, &plan)?;
+            }
+            plan
+        } else {
+            let leader = shared.members[0];
+            let wait = timeout.saturating_add(shared.transport.op_timeout());
+            let message = shared.transport.recv_message(leader, tag, wait)?.ok_or(
+                CollectiveError::Timeout {
+                    peer: Some(leader),
+                    op: "grow",
+                    after: wait,
+                },
+            )?;
+            match message.split_first() {
+                Some((&GROWTH_PLANNED, plan)) => plan.to_vec(),
+                Some((&GROWTH_FAILED, why)) => {
+                    return Err(CollectiveError::PeerFailed {
+                        peer: leader,
+                        detail: format!(
+                            "growing the group failed on its rank 0: {}",
+                            String::from_utf8_lossy(why)
+                        ),
+                    });
+                }
+                _ => {
+                    return Err(CollectiveError::protocol(
+                        Some(leader),
+                        format!("grow: a plan message of {} bytes", message.len()),
+                    ));
+                }
+            }
+        };
+        let successor = admission.successor(&plan, shared.rank, size)?;
+        tracing::info!(world = size, elapsed = ?started.elapsed(), "grow: the grown group is up");
+        Ok(ProcessGroup::new(successor))
     }
 }

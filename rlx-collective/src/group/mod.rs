@@ -98,6 +98,8 @@ struct Shared {
     seq: AtomicU32,
     /// How many times `shrink` was called on this group (each attempt has its own tags).
     shrinks: AtomicU32,
+    /// How many times `grow` was called on this group (each attempt has its own tags).
+    grows: AtomicU32,
     /// The next free group id of this rank's family (see the `split` module).
     group_ids: Arc<GroupIds>,
     settings: Mutex<Settings>,
@@ -184,6 +186,7 @@ impl ProcessGroup {
                 rank,
                 seq: AtomicU32::new(0),
                 shrinks: AtomicU32::new(0),
+                grows: AtomicU32::new(0),
                 group_ids,
                 settings: Mutex::new(Settings::default()),
                 federated: Mutex::new(StaleRounds::default()),

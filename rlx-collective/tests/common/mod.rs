@@ -6,6 +6,8 @@
     reason = "each test file uses a different part of the harness"
 )]
 
+pub(crate) mod checked;
+
 use std::sync::Arc;
 use std::time::Duration;
 

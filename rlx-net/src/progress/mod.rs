@@ -143,6 +143,12 @@ impl Engine {
         peer.links.first()?.stream.peer_addr().ok()
     }
 
+    /// This end's address of `rank`'s first link.
+    pub(crate) fn local_addr_towards(&self, rank: u32) -> Option<SocketAddr> {
+        let peer = self.peers.get(rank as usize)?.as_ref()?;
+        peer.links.first()?.stream.local_addr().ok()
+    }
+
     // ----- failure -----------------------------------------------------------------------
 
     /// Marks `peer` lost, shuts its sockets down and wakes everyone.

@@ -5,9 +5,14 @@
 //! the socket transports do. A send copies the message into the receiver's [`Inbox`]; there is
 //! no backpressure, so a sender that never waits for its receiver grows that inbox.
 
+mod admission;
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
+
+use admission::Desk;
+pub use admission::MemJoiner;
 
 use crate::inbox::{Delivery, Inbox};
 use crate::symmetric::Symmetric;
@@ -17,6 +22,8 @@ use crate::{
 
 struct MemWorld {
     inboxes: Vec<Inbox>,
+    /// Where joiners wait; shared by every world of the job (see the `admission` module).
+    desk: Arc<Desk>,
 }
 
 /// One rank of an in-process world; create the whole world with [`MemTransport::fan_out`].
@@ -62,8 +69,14 @@ impl MemTransport {
     /// A world of `world` ranks whose blocking calls without a deadline give up after
     /// `op_timeout`.
     pub fn fan_out_with_timeout(world: u32, op_timeout: Duration) -> Vec<Arc<MemTransport>> {
+        Self::fan_out_in(world, op_timeout, Arc::default())
+    }
+
+    /// A world of `world` ranks whose joiners wait at `desk`.
+    fn fan_out_in(world: u32, op_timeout: Duration, desk: Arc<Desk>) -> Vec<Arc<MemTransport>> {
         let world_state = Arc::new(MemWorld {
             inboxes: (0..world).map(Inbox::new).collect(),
+            desk,
         });
         (0..world)
             .map(|rank| {
@@ -96,6 +109,12 @@ impl MemTransport {
             .into_iter()
             .map(|rank| Symmetric::new(rank, heap_size).map(Arc::new))
             .collect()
+    }
+
+    /// A handle with which a new thread joins this job when its members grow their group
+    /// (see [`MemJoiner`]).
+    pub fn joiner(&self) -> MemJoiner {
+        MemJoiner::new(Arc::clone(&self.world.desk))
     }
 
     fn inbox(&self, rank: u32) -> Result<&Inbox> {
@@ -184,6 +203,10 @@ impl Transport for MemTransport {
             format!("in-process rank {} declared this rank dead", self.rank),
         );
         Ok(())
+    }
+
+    fn admission(&self) -> Option<&dyn crate::Admission> {
+        Some(self)
     }
 
     fn abort(&self) {
