@@ -14,6 +14,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
@@ -81,6 +82,9 @@ pub(crate) struct FlightRecorder {
     epoch_us: u64,
     started: Instant,
     slots: Mutex<Vec<Option<FlightEntry>>>,
+    /// 0 for the job's first world; k for a world grown k times (`ProcessGroup::grow`), whose
+    /// ranks are numbered anew and so write files of their own.
+    generation: AtomicU32,
 }
 
 impl FlightRecorder {
@@ -96,7 +100,18 @@ impl FlightRecorder {
             epoch_us,
             started: Instant::now(),
             slots: Mutex::new(vec![None; entries.max(1)]),
+            generation: AtomicU32::new(0),
         }
+    }
+
+    /// Marks the recorder as one of a world grown `generation` times.
+    pub(crate) fn set_generation(&self, generation: u32) {
+        self.generation.store(generation, Ordering::Relaxed);
+    }
+
+    /// See [`FlightRecorder::set_generation`].
+    pub(crate) fn generation(&self) -> u32 {
+        self.generation.load(Ordering::Relaxed)
     }
 
     fn now_us(&self) -> u64 {
@@ -180,10 +195,16 @@ impl FlightRecorder {
 
     /// The file this recorder dumps to inside `dir`.
     pub(crate) fn file_in(&self, dir: &Path, is_world: bool) -> PathBuf {
-        if is_world {
-            dir.join(format!("rank-{}.jsonl", self.rank))
+        let name = if is_world {
+            format!("rank-{}.jsonl", self.rank)
         } else {
-            dir.join(format!("rank-{}-group-{}.jsonl", self.rank, self.group))
+            format!("rank-{}-group-{}.jsonl", self.rank, self.group)
+        };
+        // A grown world's files are kept apart from the first world's, whose ranks they
+        // would otherwise overwrite.
+        match self.generation() {
+            0 => dir.join(name),
+            generation => dir.join(format!("grown-{generation}-{name}")),
         }
     }
 

@@ -89,7 +89,7 @@ pub fn join() -> Result<ProcessGroup> {
 #[cfg(feature = "tcp")]
 fn join_tcp() -> Result<ProcessGroup> {
     let transport = rlx_net::TcpTransport::join_from_env()?;
-    Ok(ProcessGroup::new(std::sync::Arc::new(transport)))
+    ProcessGroup::joined(std::sync::Arc::new(transport))
 }
 
 #[cfg(not(feature = "tcp"))]

@@ -57,7 +57,7 @@ fn mem_a_joiner_restores_a_shrunk_world_of_four() {
         let joiner = transports[1].joiner();
         let newcomer = thread::spawn(move || {
             let transport = joiner.join(JOIN_WAIT).expect("admitted");
-            let group = ProcessGroup::new(transport as Arc<dyn Transport>);
+            let group = ProcessGroup::joined(transport).expect("the grown world");
             exercise(&group, 9)
         });
         let groups = transports
@@ -93,8 +93,8 @@ fn federated_rounds_go_on_across_shrink_and_grow() {
     let transports = MemTransport::fan_out_with_timeout(4, OP_TIMEOUT);
     let joiner = transports[0].joiner();
     let newcomer = thread::spawn(move || {
-        let group =
-            ProcessGroup::new(joiner.join(JOIN_WAIT).expect("admitted") as Arc<dyn Transport>);
+        let group = ProcessGroup::joined(joiner.join(JOIN_WAIT).expect("admitted"))
+            .expect("the grown world");
         let mut model = vec![100.0f32; 4];
         group
             .federated_average(&mut model, Duration::from_secs(30))
@@ -188,10 +188,8 @@ mod tcp {
                     other => panic!("the stranger was not refused: {other:?}"),
                 }
                 let transport = builder(port, "s3cret").join().expect("admitted");
-                exercise(
-                    &ProcessGroup::new(Arc::new(transport) as Arc<dyn Transport>),
-                    5,
-                )
+                let group = ProcessGroup::joined(Arc::new(transport)).expect("the grown world");
+                exercise(&group, 5)
             });
             let members = survive_and_grow(groups, victim, 5);
             let mut ranks: Vec<(u32, u32)> = members.into_iter().flatten().collect();

@@ -108,13 +108,18 @@ impl ProcessGroup {
             elapsed = ?started.elapsed(),
             "shrink: the survivors formed a new group"
         );
-        Ok(ProcessGroup::from_parts(
+        let shrunk = ProcessGroup::from_parts(
             Arc::clone(&shared.transport),
             decision.group_id,
             decision.members,
             rank,
             Arc::clone(&shared.group_ids),
-        ))
+        );
+        shrunk
+            .shared
+            .flight
+            .set_generation(shared.flight.generation());
+        Ok(shrunk)
     }
 
     /// Collective over the members: admits `joiners` new processes, waiting up to `timeout`
@@ -145,7 +150,7 @@ impl ProcessGroup {
     /// let ranks = MemTransport::fan_out(2);
     /// let joiner = ranks[0].joiner();
     /// let newcomer = std::thread::spawn(move || {
-    ///     let group = ProcessGroup::new(joiner.join(Duration::from_secs(60))? as Arc<dyn Transport>);
+    ///     let group = ProcessGroup::joined(joiner.join(Duration::from_secs(60))?)?;
     ///     let mut x = [10.0f32];
     ///     group.all_reduce(&mut x, ReduceKind::Sum)?;
     ///     Ok::<_, rlx_collective::CollectiveError>((group.rank(), x[0]))
@@ -246,7 +251,34 @@ impl ProcessGroup {
             }
         };
         let successor = admission.successor(&plan, shared.rank, size)?;
+        let grown = ProcessGroup::first_of_grown_world(successor, shared.flight.generation() + 1)?;
         tracing::info!(world = size, elapsed = ?started.elapsed(), "grow: the grown group is up");
-        Ok(ProcessGroup::new(successor))
+        Ok(grown)
+    }
+
+    /// The group of a process that joined a running job, over the transport it was admitted
+    /// with ([`MemJoiner::join`](crate::MemJoiner::join), or `rlx_net`'s
+    /// `TcpTransportBuilder::join`; [`join`](crate::join) does all of it from the
+    /// environment). It is the joiner's side of [`ProcessGroup::grow`]: it returns once every
+    /// rank of the grown world is up. See the example of [`ProcessGroup::grow`].
+    pub fn joined(transport: Arc<dyn crate::Transport>) -> Result<ProcessGroup> {
+        ProcessGroup::first_of_grown_world(transport, 1)
+    }
+
+    /// The world group of a grown world over `transport`, once every rank of it is up: rank
+    /// 0 tells everyone the world's generation (how many times the job grew; a joiner cannot
+    /// know it), which names the flight records.
+    fn first_of_grown_world(
+        transport: Arc<dyn crate::Transport>,
+        generation: u32,
+    ) -> Result<ProcessGroup> {
+        let group = ProcessGroup::new(transport);
+        let mut told = [i64::from(generation)];
+        group.broadcast(0, &mut told)?;
+        group
+            .shared
+            .flight
+            .set_generation(u32::try_from(told[0]).unwrap_or(generation));
+        Ok(group)
     }
 }

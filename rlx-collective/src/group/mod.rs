@@ -440,13 +440,18 @@ impl ProcessGroup {
             .iter()
             .map(|&parent| self.world_peer(parent))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Some(ProcessGroup::from_parts(
+        let group = ProcessGroup::from_parts(
             Arc::clone(&self.shared.transport),
             plan.group_id,
             members,
             plan.rank,
             Arc::clone(ids),
-        )))
+        );
+        group
+            .shared
+            .flight
+            .set_generation(self.shared.flight.generation());
+        Ok(Some(group))
     }
 }
 
