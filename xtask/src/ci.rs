@@ -128,11 +128,14 @@ fn clusters() -> Result<(), String> {
         .parse()
         .map_err(|e| format!("fault target: {e}"))?;
     runs.push((
-        "4 ranks over TCP, rank 1 killed in broadcast, the survivors shrink and go on".to_owned(),
+        "4 ranks over TCP, rank 1 killed in broadcast, the survivors shrink, go on and take its \
+         replacement back"
+            .to_owned(),
         ClusterArgs {
             ranks: 4,
             kill: Some(shrink_victim),
             shrink: true,
+            rejoin: true,
             ..ClusterArgs::ci()
         },
     ));

@@ -234,6 +234,7 @@ pub(crate) struct Job {
     stdins: Vec<Option<ChildStdin>>,
     statuses: Vec<Option<ExitStatus>>,
     rx: Receiver<Output>,
+    tx: Sender<Output>,
 }
 
 impl Job {
@@ -242,44 +243,54 @@ impl Job {
         install_interrupt_handler();
         let (tx, rx) = channel();
         let mut job = Job {
-            labels: specs.iter().map(|s| s.label.clone()).collect(),
+            labels: Vec::new(),
             children: Vec::new(),
             stdins: Vec::new(),
-            statuses: vec![None; specs.len()],
+            statuses: Vec::new(),
             rx,
+            tx,
         };
-        for (index, spec) in specs.iter().enumerate() {
-            // The registry lock is held across the spawn so that an interrupt arriving in
-            // between cannot miss the new child.
-            let mut registry = lock(&LIVE_CHILDREN);
-            let mut child = spec.command().spawn().map_err(|e| {
-                format!(
-                    "could not start {} ({}): {e}",
-                    spec.label,
-                    spec.program.display()
-                )
-            })?;
-            registry.push(child.id());
-            drop(registry);
-            // Both streams are piped, so both readers exist; the last one to finish reports
-            // the child closed, so that no line of either stream comes after `Closed`.
-            let open_streams = Arc::new(AtomicUsize::new(2));
-            if let Some(stdout) = child.stdout.take() {
-                forward_lines(
-                    index,
-                    Stream::Stdout,
-                    stdout,
-                    tx.clone(),
-                    Arc::clone(&open_streams),
-                );
-            }
-            if let Some(stderr) = child.stderr.take() {
-                forward_lines(index, Stream::Stderr, stderr, tx.clone(), open_streams);
-            }
-            job.stdins.push(child.stdin.take());
-            job.children.push(Some(child));
+        for spec in specs {
+            job.add(spec)?;
         }
         Ok(job)
+    }
+
+    /// Starts one more child (a replacement for one that ended, say); returns its index.
+    pub(crate) fn add(&mut self, spec: &ChildSpec) -> Result<usize, String> {
+        let index = self.children.len();
+        // The registry lock is held across the spawn so that an interrupt arriving in
+        // between cannot miss the new child.
+        let mut registry = lock(&LIVE_CHILDREN);
+        let mut child = spec.command().spawn().map_err(|e| {
+            format!(
+                "could not start {} ({}): {e}",
+                spec.label,
+                spec.program.display()
+            )
+        })?;
+        registry.push(child.id());
+        drop(registry);
+        // Both streams are piped, so both readers exist; the last one to finish reports
+        // the child closed, so that no line of either stream comes after `Closed`.
+        let open_streams = Arc::new(AtomicUsize::new(2));
+        if let Some(stdout) = child.stdout.take() {
+            forward_lines(
+                index,
+                Stream::Stdout,
+                stdout,
+                self.tx.clone(),
+                Arc::clone(&open_streams),
+            );
+        }
+        if let Some(stderr) = child.stderr.take() {
+            forward_lines(index, Stream::Stderr, stderr, self.tx.clone(), open_streams);
+        }
+        self.labels.push(spec.label.clone());
+        self.stdins.push(child.stdin.take());
+        self.children.push(Some(child));
+        self.statuses.push(None);
+        Ok(index)
     }
 
     /// The label of child `index`.

@@ -207,7 +207,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
             systems::start_mlx(args.ranks),
         ] {
             match started {
-                Started::Running(system) => peers.push(system),
+                Started::Running(system) => peers.push(*system),
                 Started::Skipped(note) => notes.push(note),
             }
         }

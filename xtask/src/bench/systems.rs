@@ -37,7 +37,7 @@ pub(crate) struct System {
 #[derive(Debug)]
 pub(crate) enum Started {
     /// Running and ready.
-    Running(System),
+    Running(Box<System>),
     /// Not available here, with a one-line note.
     Skipped(String),
 }
@@ -217,7 +217,7 @@ pub(crate) fn start_openmpi(ranks: u32) -> Started {
             binary.display().to_string(),
         ]);
     match System::start("openmpi", &[spec], vec![0], 0) {
-        Ok(system) => Started::Running(system),
+        Ok(system) => Started::Running(Box::new(system)),
         Err(e) => Started::Skipped(format!("openmpi: skipped, it did not start: {e}")),
     }
 }
@@ -295,7 +295,7 @@ pub(crate) fn start_gloo(ranks: u32) -> Started {
         .collect();
     let specs = bound_like_mpirun(specs);
     match System::start("gloo", &specs, (0..specs.len()).collect(), 0) {
-        Ok(system) => Started::Running(system),
+        Ok(system) => Started::Running(Box::new(system)),
         Err(e) => Started::Skipped(format!("gloo: skipped, it did not start: {e}")),
     }
 }
@@ -336,7 +336,7 @@ pub(crate) fn start_mlx(ranks: u32) -> Started {
     match System::start("mlx", &specs, (0..specs.len()).collect(), 0) {
         Ok(mut system) => {
             system.scratch.push(hostfile);
-            Started::Running(system)
+            Started::Running(Box::new(system))
         }
         Err(e) => {
             // Scratch files live under target/; a leftover is harmless.

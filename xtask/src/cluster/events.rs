@@ -66,6 +66,13 @@ pub(crate) enum Event {
         /// How long the shrink took, in microseconds.
         micros: u64,
     },
+    /// The rank is in a grown world (it grew its group, or it joined as a replacement).
+    Grown {
+        /// The rank (the one it replaces, for a replacement).
+        rank: u32,
+        /// Size of the grown world.
+        members: u32,
+    },
 }
 
 impl Event {
@@ -78,7 +85,8 @@ impl Event {
             | Event::Fault { rank, .. }
             | Event::Failed { rank, .. }
             | Event::Done { rank, .. }
-            | Event::Shrunk { rank, .. } => *rank,
+            | Event::Shrunk { rank, .. }
+            | Event::Grown { rank, .. } => *rank,
         }
     }
 

@@ -59,6 +59,11 @@ pub(crate) struct ClusterArgs {
     /// result checked; the run passes only if every survivor agrees on the same new group.
     #[arg(long)]
     pub(crate) shrink: bool,
+    /// With --kill and --shrink: once the survivors have shrunk, the launcher starts the
+    /// killed rank again as a replacement that joins through `ProcessGroup::grow`, and the
+    /// case list runs once more on the world of all N ranks.
+    #[arg(long, requires = "shrink")]
+    pub(crate) rejoin: bool,
     /// The ranks' operation timeout (RLX_TIMEOUT_MS); defaults to 2000 with --stall.
     #[arg(long)]
     pub(crate) timeout_ms: Option<u64>,
@@ -86,6 +91,7 @@ impl ClusterArgs {
             seed: 1,
             timeout: 300,
             shrink: false,
+            rejoin: false,
             timeout_ms: None,
             fault_bound: 10,
             quick: true,
@@ -134,6 +140,8 @@ struct RankView {
     log_tail: VecDeque<String>,
     /// Its shrink, once it reported one.
     shrunk: Option<shrink::Shrunk>,
+    /// The size of the grown world it reported being in.
+    grown: Option<u32>,
 }
 
 impl RankView {
@@ -179,6 +187,13 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), String> {
     if args.shrink && fault.is_none() {
         return Err("--shrink needs a fault to survive (--kill or --stall)".to_owned());
     }
+    if args.rejoin && (args.kill.is_none() || args.world.transport == TransportKind::Mem) {
+        return Err(
+            "--rejoin restarts a killed rank's process: it needs --kill and a transport of \
+             separate processes (tcp)"
+                .to_owned(),
+        );
+    }
     let stall = matches!(&fault, Some(f) if f.kind == FaultKind::Stall);
     let timeout_ms = args.timeout_ms.or(stall.then_some(2000));
     let config = args.world.config(args.ranks, timeout_ms);
@@ -205,6 +220,9 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), String> {
     }
     if args.shrink {
         rank_args.push("--shrink".to_owned());
+    }
+    if args.rejoin {
+        rank_args.push("--rejoin".to_owned());
     }
     // With a fault, every rank keeps a flight record, and the report on them must name the
     // faulty rank: what a user would run to find it.
@@ -272,7 +290,12 @@ fn supervise(
 ) -> Result<(), String> {
     let started = Instant::now();
     let mut job = Job::spawn(specs)?;
-    let monitor = Monitor::run(&mut job, args, fault, timeout_ms);
+    // With --rejoin the killed rank comes back as a replacement that joins the survivors.
+    let replacement = fault
+        .filter(|_| args.rejoin)
+        .and_then(|f| specs.get(f.target.rank as usize))
+        .map(|spec| spec.clone().args(["--join"]));
+    let monitor = Monitor::run(&mut job, args, fault, timeout_ms, replacement);
     // Ranks that reported exit once their stdin closes; after a hang or a fault there is
     // nothing to wait for.
     let grace = if monitor.hung || fault.is_some() {
@@ -318,6 +341,10 @@ struct Monitor {
     /// When the launcher stopped watching (the reference for "hung for ... s").
     stopped_at: Instant,
     mem: bool,
+    /// The spec of the killed rank's replacement, until it is started.
+    replacement: Option<ChildSpec>,
+    /// The replacement's child index and the rank it replaces, once started.
+    replaced: Option<(usize, u32)>,
 }
 
 impl Monitor {
@@ -326,8 +353,11 @@ impl Monitor {
         args: &ClusterArgs,
         fault: Option<&Fault>,
         timeout_ms: Option<u64>,
+        replacement: Option<ChildSpec>,
     ) -> Monitor {
         let mut monitor = Monitor {
+            replacement,
+            replaced: None,
             ranks: (0..args.ranks).map(|_| RankView::default()).collect(),
             fault_at: None,
             fault_index: None,
@@ -365,11 +395,13 @@ impl Monitor {
         monitor
     }
 
-    /// Whether every rank that was not the fault's victim has shrunk or ended.
+    /// Whether every rank that was not the fault's victim has shrunk or ended (a replacement
+    /// of the victim is judged at the end).
     fn every_survivor_shrank_or_ended(&self) -> bool {
-        self.ranks
-            .iter()
-            .all(|r| r.shrunk.is_some() || r.end.is_some())
+        let replaced = self.replaced.map(|(_, rank)| rank);
+        (0u32..)
+            .zip(&self.ranks)
+            .all(|(rank, r)| r.shrunk.is_some() || r.end.is_some() || Some(rank) == replaced)
     }
 
     /// When the first rank ended without a report, if one did.
@@ -390,6 +422,11 @@ impl Monitor {
 
     /// The ranks that child `index` of the job runs.
     fn ranks_of_child(&self, index: usize) -> Vec<u32> {
+        if let Some((child, rank)) = self.replaced {
+            if child == index {
+                return vec![rank];
+            }
+        }
         if self.mem {
             (0..self.ranks.len() as u32).collect()
         } else {
@@ -506,6 +543,38 @@ impl Monitor {
                     micros,
                     at: now,
                 });
+                self.start_replacement(job, fault);
+            }
+            Event::Grown { members, .. } => view.grown = Some(members),
+        }
+    }
+
+    /// Starts the killed rank's replacement once every survivor has shrunk (with --rejoin).
+    fn start_replacement(&mut self, job: &mut Job, fault: Option<&Fault>) {
+        let Some(victim) = fault.map(|f| f.target.rank) else {
+            return;
+        };
+        let survivors_shrunk = (0u32..)
+            .zip(&self.ranks)
+            .all(|(rank, view)| rank == victim || view.shrunk.is_some());
+        if !survivors_shrunk {
+            return;
+        }
+        let Some(spec) = self.replacement.take() else {
+            return;
+        };
+        match job.add(&spec) {
+            Ok(child) => {
+                self.replaced = Some((child, victim));
+                let view = &mut self.ranks[victim as usize];
+                view.end = None;
+                view.ended_at = None;
+            }
+            Err(why) => {
+                let view = &mut self.ranks[victim as usize];
+                view.end = Some(End::Crashed(format!(
+                    "its replacement did not start: {why}"
+                )));
             }
         }
     }
@@ -526,9 +595,17 @@ impl Monitor {
         if args.shrink {
             let (after, before): (Vec<_>, Vec<_>) =
                 merged.iter().cloned().partition(shrink::after_shrink);
+            let (grown, shrunk): (Vec<_>, Vec<_>) = after.into_iter().partition(shrink::after_grow);
             print!("{}", table::render(&before, args.ranks));
             println!("\nOn the shrunk world of {} ranks:", args.ranks - 1);
-            print!("{}", table::render(&after, args.ranks - 1));
+            print!("{}", table::render(&shrunk, args.ranks - 1));
+            if args.rejoin {
+                println!(
+                    "\nOn the grown world of {} ranks (with the replacement):",
+                    args.ranks
+                );
+                print!("{}", table::render(&grown, args.ranks));
+            }
         } else {
             print!("{}", table::render(&merged, args.ranks));
         }
@@ -606,6 +683,7 @@ impl Monitor {
             Some(f) if args.shrink => match self.fault_at {
                 Some(fault_at) => shrink::judge(
                     f,
+                    args.rejoin,
                     &self.ranks,
                     fault_at,
                     fault_bound(f, timeout_ms, args),

@@ -1,14 +1,16 @@
-//! The verdict of `test-cluster --kill/--stall R@POINT --shrink`: every survivor reported the
-//! failure with an error the fault explains, shrank to the same group of exactly the
-//! survivors in time, and ran the rest of the cases on that smaller world, every one passing
-//! on every survivor.
+//! The verdict of `test-cluster --kill/--stall R@POINT --shrink [--rejoin]`: every survivor
+//! reported the failure with an error the fault explains, shrank to the same group of exactly
+//! the survivors in time, and ran the rest of the cases on that smaller world, every one
+//! passing on every survivor; with `--rejoin`, the killed rank's replacement and every
+//! survivor were then in a grown world of all the ranks, where every case passed on every
+//! rank.
 
 use std::time::{Duration, Instant};
 
 use super::events::ErrorRecord;
 use super::fault::{self, Fault};
 use super::table::MergedCase;
-use super::worker::SHRUNK_CASE_BASE;
+use super::worker::{GROWN_CASE_BASE, SHRUNK_CASE_BASE};
 use super::{End, RankView};
 use std::collections::BTreeMap;
 
@@ -25,15 +27,47 @@ pub(super) struct Shrunk {
     pub(super) at: Instant,
 }
 
-/// Whether `case` ran on the shrunk world.
+/// Whether `case` ran after the shrink (on the shrunk world or a grown one).
 pub(super) fn after_shrink(case: &MergedCase) -> bool {
     case.case.index >= SHRUNK_CASE_BASE
+}
+
+/// Whether `case` ran on the grown world.
+pub(super) fn after_grow(case: &MergedCase) -> bool {
+    case.case.index >= GROWN_CASE_BASE
+}
+
+/// Checks that the cases of one stage were reported by exactly `ranks` and counts the
+/// passes; pushes problems naming `stage`.
+fn check_stage(
+    cases: &[&MergedCase],
+    ranks: &[u32],
+    stage: &str,
+    problems: &mut Vec<String>,
+) -> usize {
+    if cases.is_empty() {
+        problems.push(format!("SHRINK: no case ran on the {stage}"));
+        return 0;
+    }
+    let incomplete = cases
+        .iter()
+        .filter(|c| c.ranks.iter().copied().collect::<Vec<_>>() != ranks)
+        .count();
+    if incomplete > 0 {
+        problems.push(format!(
+            "SHRINK: {incomplete} of the {} cases on the {stage} were not reported by exactly \
+             ranks {ranks:?}",
+            cases.len()
+        ));
+    }
+    cases.iter().filter(|c| c.passed()).count()
 }
 
 /// Judges the survivors of `fault` (at `fault_at`): pushes what is wrong to `problems` and
 /// returns one line per survivor plus a summary of the cases on the shrunk world.
 pub(super) fn judge(
     fault: &Fault,
+    rejoin: bool,
     ranks: &[RankView],
     fault_at: Instant,
     bound: Duration,
@@ -107,20 +141,11 @@ pub(super) fn judge(
             )),
         }
     }
-    let after: Vec<&MergedCase> = merged.iter().filter(|c| after_shrink(c)).collect();
-    let incomplete = after
+    let shrunk_cases: Vec<&MergedCase> = merged
         .iter()
-        .filter(|c| c.ranks.iter().copied().collect::<Vec<_>>() != survivors)
-        .count();
-    if after.is_empty() {
-        problems.push("SHRINK: no case ran on the shrunk world".to_owned());
-    } else if incomplete > 0 {
-        problems.push(format!(
-            "SHRINK: {incomplete} of the {} cases on the shrunk world were not reported by exactly the survivors",
-            after.len()
-        ));
-    }
-    let passed = after.iter().filter(|c| c.passed()).count();
+        .filter(|c| after_shrink(c) && !after_grow(c))
+        .collect();
+    let passed = check_stage(&shrunk_cases, &survivors, "shrunk world", problems);
     times.sort_unstable();
     if let (Some(first), Some(last)) = (times.first(), times.last()) {
         lines.push(format!(
@@ -128,8 +153,42 @@ pub(super) fn judge(
             times.len(),
             first.as_secs_f64(),
             last.as_secs_f64(),
-            after.len(),
+            shrunk_cases.len(),
             survivors.len()
+        ));
+    }
+    if rejoin {
+        let everyone: Vec<u32> = (0..ranks.len() as u32).collect();
+        for &rank in &everyone {
+            let view = &ranks[rank as usize];
+            match view.grown {
+                Some(size) if size as usize == ranks.len() => {}
+                Some(size) => problems.push(format!(
+                    "REJOIN: rank {rank} was in a grown world of {size} ranks, not {}",
+                    ranks.len()
+                )),
+                None => problems.push(format!(
+                    "REJOIN: rank {rank}{} never reported the grown world",
+                    if rank == victim {
+                        " (the replacement)"
+                    } else {
+                        ""
+                    }
+                )),
+            }
+        }
+        if !matches!(ranks[victim as usize].end, Some(End::Done { .. })) {
+            problems.push(format!(
+                "REJOIN: the replacement of rank {victim} did not finish: {:?}",
+                ranks[victim as usize].end
+            ));
+        }
+        let grown_cases: Vec<&MergedCase> = merged.iter().filter(|c| after_grow(c)).collect();
+        let passed = check_stage(&grown_cases, &everyone, "grown world", problems);
+        lines.push(format!(
+            "rejoin: rank {victim} came back as a replacement; {passed} of {} cases on the grown {}-rank world passed",
+            grown_cases.len(),
+            ranks.len()
         ));
     }
     lines

@@ -57,7 +57,21 @@ pub(crate) struct RankArgs {
     /// After a fatal failure, shrink the group to the survivors and go on.
     #[arg(long)]
     pub(crate) shrink: bool,
+    /// After the shrunk world's cases, grow by one (the replacement of the lost rank) and run
+    /// the case list again on the grown world.
+    #[arg(long)]
+    pub(crate) rejoin: bool,
+    /// This process replaces a lost rank: join the running job (`rlx_collective::join`) and
+    /// run the case list on the grown world.
+    #[arg(long)]
+    pub(crate) join: bool,
 }
+
+/// Case indices on a grown world start here (see [`SHRUNK_CASE_BASE`]).
+pub(crate) const GROWN_CASE_BASE: u64 = 2 << 32;
+
+/// How long the survivors wait for their replacement to join.
+const GROW_WAIT: Duration = Duration::from_secs(120);
 
 /// Case indices after a shrink start here, so that the launcher tells the cases of the
 /// shrunk world from those of the full one (the survivors number them alike, whatever point
@@ -143,7 +157,17 @@ impl Reporter {
 /// Runs the rank(s), then waits until the launcher closes stdin.
 pub(crate) fn run(args: &RankArgs) -> Result<(), String> {
     let fault = args.fault.as_deref().map(Fault::from_arg).transpose()?;
-    let groups = world::join(args.transport, args.ranks)?;
+    let groups = if args.join {
+        let group = rlx_collective::join().map_err(|e| format!("could not join the job: {e}"))?;
+        vec![group]
+    } else {
+        world::join(args.transport, args.ranks)?
+    };
+    // A replacement reports under the rank it replaces (the launcher's RLX_RANK), not under
+    // its rank in the grown world.
+    let replaced = std::env::var("RLX_RANK")
+        .ok()
+        .and_then(|r| r.parse::<u32>().ok());
     let plan = Arc::new(plan(args.iters, args.quick));
     let reporter = Arc::new(Reporter::default());
     // Every rank's group stays here until the process exits, so that a rank that is done
@@ -152,7 +176,12 @@ pub(crate) fn run(args: &RankArgs) -> Result<(), String> {
     let in_process = groups.len() > 1;
     let mut threads = Vec::new();
     for group in groups {
+        let label = match replaced {
+            Some(rank) if args.join => rank,
+            _ => group.rank(),
+        };
         let ctx = RankCtx {
+            label,
             group,
             plan: Arc::clone(&plan),
             reporter: Arc::clone(&reporter),
@@ -160,13 +189,15 @@ pub(crate) fn run(args: &RankArgs) -> Result<(), String> {
             seed: args.seed,
             in_process,
             shrink: args.shrink,
+            rejoin: args.rejoin,
+            join: args.join,
         };
         let keep = Arc::clone(&keep);
         let body = move || {
-            ctx.run();
+            let groups = ctx.run();
             keep.lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .push(ctx.group);
+                .extend(groups);
         };
         if in_process {
             threads.push(std::thread::spawn(body));
@@ -184,6 +215,8 @@ pub(crate) fn run(args: &RankArgs) -> Result<(), String> {
 
 /// What one rank needs to run its cases.
 struct RankCtx {
+    /// The rank this one reports as.
+    label: u32,
     group: ProcessGroup,
     plan: Arc<Vec<Group>>,
     reporter: Arc<Reporter>,
@@ -191,6 +224,8 @@ struct RankCtx {
     seed: u64,
     in_process: bool,
     shrink: bool,
+    rejoin: bool,
+    join: bool,
 }
 
 /// The victim's side of a fault: detects the point and carries it out.
@@ -242,11 +277,21 @@ impl Injector {
     }
 }
 
+/// How a run of the case list ended on one rank.
+enum Ran {
+    /// Every case ran (on `group`, which may be a shrunk one).
+    Through { group: ProcessGroup, shrunk: bool },
+    /// The run ended early; it was reported and the transport aborted.
+    Ended,
+}
+
 impl RankCtx {
-    fn run(&self) {
-        let rank = self.group.rank();
+    /// Runs the rank; returns the groups to keep open until the launcher ends the process.
+    fn run(&self) -> Vec<ProcessGroup> {
+        let rank = self.label;
+        let mut keep = vec![self.group.clone()];
         let injector = Arc::new(Injector {
-            fault: self.fault.clone(),
+            fault: self.fault.clone().filter(|_| !self.join),
             fired: AtomicBool::new(false),
             dead: AtomicBool::new(false),
             rank,
@@ -258,21 +303,78 @@ impl RankCtx {
             rank,
             groups: self.plan.len() as u64,
         });
-        let next_case = Arc::new(AtomicU64::new(0));
-        let failed = Arc::new(AtomicU64::new(0));
+        let counters = Counters::default();
+        if self.join {
+            counters.next_case.store(GROWN_CASE_BASE, Ordering::SeqCst);
+            self.reporter.emit(&Event::Grown {
+                rank,
+                members: self.group.world_size(),
+            });
+        }
+        let (group, shrunk) =
+            match self.run_cases(self.group.clone(), &injector, &counters, !self.join) {
+                Ran::Through { group, shrunk } => (group, shrunk),
+                Ran::Ended => return keep,
+            };
+        keep.push(group.clone());
+        if self.rejoin && shrunk {
+            let grown = match group.grow(1, GROW_WAIT) {
+                Ok(grown) => grown,
+                Err(error) => {
+                    self.reporter.emit(&Event::Failed {
+                        rank,
+                        error: ErrorRecord::from_error(&error, Some("grow".to_owned())),
+                    });
+                    group.transport().abort();
+                    return keep;
+                }
+            };
+            self.reporter.emit(&Event::Grown {
+                rank,
+                members: grown.world_size(),
+            });
+            counters.next_case.store(GROWN_CASE_BASE, Ordering::SeqCst);
+            counters.failed.store(0, Ordering::SeqCst);
+            keep.push(grown.clone());
+            if let Ran::Ended = self.run_cases(grown, &injector, &counters, false) {
+                return keep;
+            }
+        }
+        let failed = counters.failed.load(Ordering::SeqCst);
+        // The count of the last stage (full, shrunk or grown world): the bits below the
+        // stage bases.
+        let ran = counters.next_case.load(Ordering::SeqCst) & (SHRUNK_CASE_BASE - 1);
+        self.reporter.emit(&Event::Done {
+            rank,
+            passed: ran.saturating_sub(failed),
+            failed,
+        });
+        keep
+    }
+
+    /// Runs the case list on `group`. With `may_shrink` (and `--shrink`), a fatal failure
+    /// shrinks the group to the survivors, which go on from the earliest case any of them
+    /// failed in; the fault fires only before that.
+    fn run_cases(
+        &self,
+        mut group: ProcessGroup,
+        injector: &Arc<Injector>,
+        counters: &Counters,
+        may_shrink: bool,
+    ) -> Ran {
+        let rank = self.label;
         let mut trigger = Trigger::default();
-        let mut group = self.group.clone();
         let mut shrunk = false;
         let mut index = 0;
         while let Some(case_group) = self.plan.get(index) {
-            let next = next_case.load(Ordering::SeqCst);
-            if !shrunk {
+            let next = counters.next_case.load(Ordering::SeqCst);
+            if may_shrink && !shrunk {
                 injector.maybe_fire(next, |point| {
                     trigger.reached(point, next, case_group.op.name())
                 });
             }
             if injector.silent() {
-                return;
+                return Ran::Ended;
             }
             self.reporter.emit(&Event::Start {
                 rank,
@@ -281,9 +383,9 @@ impl RankCtx {
             });
             let progress = {
                 let reporter = Arc::clone(&self.reporter);
-                let next_case = Arc::clone(&next_case);
-                let failed = Arc::clone(&failed);
-                let injector = Arc::clone(&injector);
+                let next_case = Arc::clone(&counters.next_case);
+                let failed = Arc::clone(&counters.failed);
+                let injector = Arc::clone(injector);
                 move |case: &CaseResult| {
                     if injector.silent() {
                         return;
@@ -322,16 +424,16 @@ impl RankCtx {
                 Err(error) => error,
             };
             if injector.silent() {
-                return;
+                return Ran::Ended;
             }
-            if self.shrink && !shrunk && error.is_fatal() {
+            if self.shrink && may_shrink && !shrunk && error.is_fatal() {
                 match shrink_and_resume(&group, index, rank, &error, case_group, &self.reporter) {
                     Ok((smaller, resume)) => {
                         group = smaller;
                         index = resume;
                         shrunk = true;
-                        next_case.store(SHRUNK_CASE_BASE, Ordering::SeqCst);
-                        failed.store(0, Ordering::SeqCst);
+                        counters.next_case.store(SHRUNK_CASE_BASE, Ordering::SeqCst);
+                        counters.failed.store(0, Ordering::SeqCst);
                         continue;
                     }
                     Err(shrink_error) => {
@@ -343,7 +445,7 @@ impl RankCtx {
                             ),
                         });
                         group.transport().abort();
-                        return;
+                        return Ran::Ended;
                     }
                 }
             }
@@ -355,15 +457,17 @@ impl RankCtx {
             // as a program would: a peer still waiting on this rank in an earlier
             // operation then fails at once (this peer lost) instead of at its timeout.
             group.transport().abort();
-            return;
+            return Ran::Ended;
         }
-        let failed = failed.load(Ordering::SeqCst);
-        self.reporter.emit(&Event::Done {
-            rank,
-            passed: next_case.load(Ordering::SeqCst) - failed,
-            failed,
-        });
+        Ran::Through { group, shrunk }
     }
+}
+
+/// The case counters of one rank: the next case's index and the failed cases.
+#[derive(Default)]
+struct Counters {
+    next_case: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
 }
 
 /// Shrinks `group` to its survivors after `error` (met in plan group `index`, named by
