@@ -90,6 +90,7 @@ mod reduce_scatter;
 mod scatter;
 pub mod select;
 mod split;
+mod wait_chain;
 
 pub use debug_log::{DEBUG_VAR, PREFIXED_VAR, install_debug_subscriber};
 pub use group::{ProcessGroup, WORLD_GROUP_ID};

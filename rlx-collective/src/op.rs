@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use crate::all_reduce::one_sided::region::OneSided;
 use crate::flight::FlightRecorder;
-use crate::health::{FailureScope, GROUP_NOTICE_PHASE, Health, NOTICE_SLICE, Watch};
+use crate::health::{FailureScope, Health, NOTICE_SLICE, Watch};
 use crate::select::{Algorithm, CollectiveOp, Settings};
+use crate::wait_chain::ANSWER_PHASE;
 use crate::{CollectiveError, DType, Failure, NativeCollectives, Result, Tag, Transport};
 
 /// How much longer a slice lasts per byte of the awaited message: one nanosecond, the time a
@@ -135,9 +136,9 @@ impl<'a> OpCtx<'a> {
     /// The same operation on another phase (a second channel, e.g. the result of a federated
     /// round, which must not be confused with contributions).
     pub(crate) fn phase(&self, phase: u16) -> OpCtx<'a> {
-        debug_assert_ne!(
-            phase, GROUP_NOTICE_PHASE,
-            "that phase carries failure notices"
+        debug_assert!(
+            phase < ANSWER_PHASE,
+            "phase {phase} carries failure notices or wait probes"
         );
         OpCtx {
             tag: Tag::op(self.group, self.seq, phase),
@@ -223,7 +224,7 @@ impl<'a> OpCtx<'a> {
         let slice = NOTICE_SLICE.saturating_add(
             SLICE_PER_BYTE.saturating_mul(u32::try_from(expected).unwrap_or(u32::MAX)),
         );
-        let got = self.watch.wait(self.timeout, slice, |deadline| {
+        let got = self.watch.wait(self.timeout, slice, peer, |deadline| {
             self.transport
                 .recv_message_into(peer, self.tag, buf, deadline)
         })?;
@@ -249,7 +250,7 @@ impl<'a> OpCtx<'a> {
             self.watch.poll_notice_of(peer)?;
             return self.transport.recv_message(peer, self.tag, Duration::ZERO);
         }
-        self.watch.wait(timeout, NOTICE_SLICE, |deadline| {
+        self.watch.wait(timeout, NOTICE_SLICE, peer, |deadline| {
             self.transport.recv_message(peer, self.tag, deadline)
         })
     }
@@ -266,6 +267,18 @@ impl<'a> OpCtx<'a> {
     /// Records in the flight recorder the algorithm that runs this operation.
     pub(crate) fn record_algorithm(&self, algorithm: &'static str) {
         self.flight.algorithm(self.seq, algorithm);
+    }
+
+    /// Answers, without waiting, the wait probes of other members: this rank waits on world
+    /// rank `waits_on` (for waits that do not go through a receive of this context).
+    pub(crate) fn answer_probes(&self, waits_on: u32) -> Result<()> {
+        self.watch.answer_probes(waits_on)
+    }
+
+    /// The error this rank reports for `error`: a timeout waiting on a member names the rank
+    /// that is really unresponsive (see [`Watch::blame`]).
+    pub(crate) fn blame(&self, error: CollectiveError) -> CollectiveError {
+        self.watch.blame(error)
     }
 
     /// The timeout error for waiting on world rank `peer`.

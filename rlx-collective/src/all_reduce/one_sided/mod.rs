@@ -426,6 +426,7 @@ impl Link<'_> {
                 Err(other) => return Err(other),
             }
             self.check_peers(peer)?;
+            self.ctx.answer_probes(peer)?;
             if start.elapsed() >= timeout {
                 return Err(self.ctx.timed_out(peer, timeout));
             }
