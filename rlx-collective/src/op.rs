@@ -231,6 +231,8 @@ impl<'a> OpCtx<'a> {
         match got {
             Some(got) if got == expected => Ok(()),
             Some(got) => Err(CollectiveError::LengthMismatch {
+                op: self.name(),
+                peer: Some(peer),
                 expected: expected as u64,
                 got: got as u64,
             }),
@@ -275,10 +277,24 @@ impl<'a> OpCtx<'a> {
         self.watch.answer_probes(waits_on)
     }
 
-    /// The error this rank reports for `error`: a timeout waiting on a member names the rank
-    /// that is really unresponsive (see [`Watch::blame`]).
-    pub(crate) fn blame(&self, error: CollectiveError) -> CollectiveError {
-        self.watch.blame(error)
+    /// The error this rank reports for `error`: a length mismatch names this operation (the
+    /// transport it came through knows only that it received), and a timeout waiting on a
+    /// member names the rank that is really unresponsive (see [`Watch::blame`]).
+    pub(crate) fn explain(&self, error: CollectiveError) -> CollectiveError {
+        match error {
+            CollectiveError::LengthMismatch {
+                peer,
+                expected,
+                got,
+                ..
+            } => CollectiveError::LengthMismatch {
+                op: self.name(),
+                peer,
+                expected,
+                got,
+            },
+            other => self.watch.blame(other),
+        }
     }
 
     /// The timeout error for waiting on world rank `peer`.
@@ -295,7 +311,7 @@ impl<'a> OpCtx<'a> {
     /// fails the group (see the module docs).
     pub(crate) fn notify_failure(&self, error: &CollectiveError) {
         let failure = match (error, self.watch.group_notice(error)) {
-            (&CollectiveError::LengthMismatch { expected, got }, _) => {
+            (&CollectiveError::LengthMismatch { expected, got, .. }, _) => {
                 Failure::LengthMismatch { expected, got }
             }
             (_, Some((notice, _))) => notice,

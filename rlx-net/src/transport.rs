@@ -431,6 +431,8 @@ impl TcpTransport {
             )),
             Outcome::Failure(f) => Err(f.into_error(from)),
             Outcome::TooLong { capacity, got } => Err(CollectiveError::LengthMismatch {
+                op: "recv",
+                peer: Some(from),
                 expected: capacity as u64,
                 got,
             }),
@@ -473,6 +475,8 @@ impl Transport for TcpTransport {
                 let dst = buf
                     .get_mut(..bytes.len())
                     .ok_or(CollectiveError::LengthMismatch {
+                        op: "recv",
+                        peer: Some(from),
                         expected: capacity as u64,
                         got: bytes.len() as u64,
                     })?;
@@ -481,6 +485,8 @@ impl Transport for TcpTransport {
             }
             Some(Outcome::Failure(f)) => Err(f.into_error(from)),
             Some(Outcome::TooLong { capacity, got }) => Err(CollectiveError::LengthMismatch {
+                op: "recv",
+                peer: Some(from),
                 expected: capacity as u64,
                 got,
             }),

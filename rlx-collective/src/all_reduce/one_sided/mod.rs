@@ -381,6 +381,8 @@ impl Link<'_> {
         let mine = &self.header;
         if theirs.data_bytes != mine.data_bytes {
             return Err(CollectiveError::LengthMismatch {
+                op: self.ctx.name(),
+                peer: Some(peer),
                 expected: mine.data_bytes,
                 got: theirs.data_bytes,
             });
