@@ -132,7 +132,7 @@ fn builder(rank: u32, world: u32) -> rlx_net::TcpTransportBuilder {
 /// Builds the ranks `ranks` on threads.
 fn build(
     ranks: std::ops::Range<u32>,
-    make: impl Fn(u32) -> rlx_net::TcpTransportBuilder,
+    make: &impl Fn(u32) -> rlx_net::TcpTransportBuilder,
 ) -> Vec<JoinHandle<Result<TcpTransport, CollectiveError>>> {
     ranks
         .map(|rank| {
@@ -203,20 +203,43 @@ fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-#[test]
-fn slow_connections_to_the_store_do_not_block_rendezvous() {
-    let port = free_ports(1)[0];
-    let make = |rank| builder(rank, 3).master("127.0.0.1", port);
-    let root = build(0..1, make);
-    let crowd = Slowloris::start(loopback(port), SLOW, b"RLXSTOR\n");
-    crowd.wait_full();
-    let others = build(1..3, make);
-    let mut world = joined(root);
-    world.extend(joined(others));
-    drop(crowd);
+/// Bootstraps a 3-rank world made by `make`: the ranks below `first_connecting` start, the
+/// listeners at `crowded` (sent `prefix` byte by byte) fill with slow connections, then the
+/// other ranks start; every rank must bootstrap, and an all-reduce be exact.
+fn bootstrap_among_crowds(
+    make: impl Fn(u32) -> rlx_net::TcpTransportBuilder,
+    first_connecting: u32,
+    crowded: &[u16],
+    prefix: &'static [u8],
+) {
+    let listening = build(0..first_connecting, &make);
+    let crowds: Vec<Slowloris> = crowded
+        .iter()
+        .map(|&port| Slowloris::start(loopback(port), SLOW, prefix))
+        .collect();
+    for crowd in &crowds {
+        crowd.wait_full();
+    }
+    let connecting = build(first_connecting..3, &make);
+    let mut world = joined(listening);
+    world.extend(joined(connecting));
+    drop(crowds);
     all_reduce_is_exact(world);
 }
 
+#[test]
+fn slow_connections_to_the_store_do_not_block_rendezvous() {
+    let port = free_ports(1)[0];
+    bootstrap_among_crowds(
+        |rank| builder(rank, 3).master("127.0.0.1", port),
+        1,
+        &[port],
+        b"RLXSTOR\n",
+    );
+}
+
+/// Rank 0 accepts ranks 1 and 2, rank 1 accepts rank 2: both listeners are crowded before the
+/// ranks that connect to them start.
 #[test]
 fn slow_connections_to_link_listeners_do_not_block_bootstrap() {
     let ports = free_ports(3);
@@ -224,22 +247,12 @@ fn slow_connections_to_link_listeners_do_not_block_bootstrap() {
         .iter()
         .map(|p| vec![format!("127.0.0.1:{p}")])
         .collect();
-    let make = |rank| builder(rank, 3).hostfile(hostfile.clone());
-    // Rank 0 accepts ranks 1 and 2, rank 1 accepts rank 2: both listeners are crowded before
-    // the ranks that connect to them start.
-    let accepting = build(0..2, make);
-    let crowds = [
-        Slowloris::start(loopback(ports[0]), SLOW, b"RLXTCP\r\n"),
-        Slowloris::start(loopback(ports[1]), SLOW, b"RLXTCP\r\n"),
-    ];
-    for crowd in &crowds {
-        crowd.wait_full();
-    }
-    let last = build(2..3, make);
-    let mut world = joined(accepting);
-    world.extend(joined(last));
-    drop(crowds);
-    all_reduce_is_exact(world);
+    bootstrap_among_crowds(
+        |rank| builder(rank, 3).hostfile(hostfile.clone()),
+        2,
+        &ports[..2],
+        b"RLXTCP\r\n",
+    );
 }
 
 /// One slow connection is closed at its hello deadline, with the reason, while the store is
@@ -248,7 +261,7 @@ fn slow_connections_to_link_listeners_do_not_block_bootstrap() {
 fn a_slow_connection_is_closed_at_its_deadline() {
     let port = free_ports(1)[0];
     let make = |rank| builder(rank, 2).master("127.0.0.1", port);
-    let root = build(0..1, make);
+    let root = build(0..1, &make);
     let mut stream = loop {
         match TcpStream::connect(loopback(port)) {
             Ok(stream) => break stream,
@@ -292,7 +305,7 @@ fn a_slow_connection_is_closed_at_its_deadline() {
     let text = String::from_utf8_lossy(&answer);
     assert!(text.contains("deadline"), "the store's answer: {text:?}");
     // The store is still waiting for rank 1, which now joins.
-    let other = build(1..2, make);
+    let other = build(1..2, &make);
     let mut world = joined(root);
     world.extend(joined(other));
     all_reduce_is_exact(world);

@@ -176,8 +176,13 @@ fn handshake_acceptor(
     let hello = Hello::decode(&hello_bytes).map_err(refuse)?;
     handshake::check_hello(&hello, expect).map_err(refuse)?;
     // A rank sends its hello at once: from here on the connection is no stranger's to evict
-    // (its deadline still bounds it).
-    slot.identified();
+    // (its deadline still bounds it). One evicted meanwhile was told so and retries.
+    if !slot.identified() {
+        return Err(Refusal::new(
+            RefusalCode::Busy,
+            "evicted before its hello was checked",
+        ));
+    }
     let me = (hello.rank, hello.link);
     let duplicate = || {
         Refusal::new(

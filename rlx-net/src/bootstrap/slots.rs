@@ -61,12 +61,18 @@ pub(super) struct Slot<'a> {
 }
 
 impl Slot<'_> {
-    /// The connection proved who it is: it can no longer be evicted.
-    pub(super) fn identified(&self) {
-        if let Ok(mut state) = self.slots.state.lock() {
-            if let Some(p) = state.pending.iter_mut().find(|p| p.id == self.id) {
+    /// The connection proved who it is: from now on it cannot be evicted. False when it was
+    /// evicted before (it was then told so and closed, and its handshake must stop).
+    pub(super) fn identified(&self) -> bool {
+        let Ok(mut state) = self.slots.state.lock() else {
+            return false;
+        };
+        match state.pending.iter_mut().find(|p| p.id == self.id) {
+            Some(p) => {
                 p.identified = true;
+                true
             }
+            None => false,
         }
     }
 }

@@ -87,6 +87,11 @@ pub(in crate::bootstrap) fn serve_store(
                     match read_registration(cfg, &mut Deadline::new(&stream, until, "registration"))
                     {
                         Ok((rank, reg)) => {
+                            // A connection evicted while its registration was read was told
+                            // so, and registers again.
+                            if !slot.identified() {
+                                return;
+                            }
                             // The slot goes before the connection joins the entries, so that
                             // closing the connections still in the handshake spares it.
                             drop(slot);
