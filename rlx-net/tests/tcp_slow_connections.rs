@@ -310,3 +310,59 @@ fn a_slow_connection_is_closed_at_its_deadline() {
     world.extend(joined(other));
     all_reduce_is_exact(world);
 }
+
+/// The hello a connector sends (see `handshake.rs`), claiming `rank`'s only link in a world of
+/// `world` with a secret, for the job `job_id`.
+fn hello_with_secret(job_id: &str, world: u32, rank: u32) -> Vec<u8> {
+    use sha2::Digest;
+    let mut out = b"RLXTCP\r\n".to_vec();
+    out.extend_from_slice(&2u32.to_le_bytes());
+    out.extend_from_slice(&1u32.to_le_bytes());
+    out.extend_from_slice(&sha2::Sha256::digest(job_id.as_bytes())[..16]);
+    for field in [world, rank, 0, 1] {
+        out.extend_from_slice(&field.to_le_bytes());
+    }
+    out.extend_from_slice(&0u64.to_le_bytes());
+    out.extend_from_slice(&[7; 16]);
+    out
+}
+
+/// With a job secret, a stranger who knows the job id sends rank 1's hello first and then
+/// stalls instead of proving the secret: it must not take rank 1's link, so the real rank 1
+/// still connects.
+#[test]
+fn a_stranger_that_stalls_before_its_proof_does_not_take_a_ranks_link() {
+    const JOB: &str = "stalled-stranger";
+    let ports = free_ports(2);
+    let hostfile: Vec<Vec<String>> = ports
+        .iter()
+        .map(|p| vec![format!("127.0.0.1:{p}")])
+        .collect();
+    let make = |rank| {
+        builder(rank, 2)
+            .hostfile(hostfile.clone())
+            .job_id(JOB)
+            .job_secret(b"the secret".to_vec())
+    };
+    let root = build(0..1, &make);
+    let mut stranger = loop {
+        match TcpStream::connect(loopback(ports[0])) {
+            Ok(stream) => break stream,
+            Err(_) => thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    stranger
+        .write_all(&hello_with_secret(JOB, 2, 1))
+        .expect("the stranger's hello");
+    // The acceptor answers the hello with its own proof and waits for the stranger's.
+    let mut reply = [0u8; 74];
+    stranger
+        .read_exact(&mut reply)
+        .expect("the acceptor's reply");
+    assert_eq!(&reply[12..16], &[0; 4], "the hello itself is accepted");
+    let rank_1 = build(1..2, &make);
+    let mut world = joined(root);
+    world.extend(joined(rank_1));
+    drop(stranger);
+    all_reduce_is_exact(world);
+}
