@@ -113,6 +113,8 @@ fn run_root(
             }
             Ok(Some(bytes)) => {
                 let error = CollectiveError::LengthMismatch {
+                    op: ctx.name(),
+                    peer: ctx.world_rank(rank).ok(),
                     expected: expected as u64,
                     got: bytes.len() as u64,
                 };
@@ -156,6 +158,8 @@ fn run_member(ctx: &OpCtx<'_>, data: &mut [f32], deadline: Duration) -> Result<(
     let expected = 8 + std::mem::size_of_val(data);
     if bytes.len() != expected {
         return Err(CollectiveError::LengthMismatch {
+            op: ctx.name(),
+            peer: ctx.world_rank(0).ok(),
             expected: expected as u64,
             got: bytes.len() as u64,
         });

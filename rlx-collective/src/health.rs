@@ -13,12 +13,17 @@
 //! that saw the failure first could not tell them all. From then on every operation of the
 //! group fails at once with [`CollectiveError::GroupFailed`] naming the culprit, like an
 //! aborted NCCL communicator.
+//!
+//! A timeout names the rank at the end of the chain of waits that starts at the awaited peer
+//! (see the `wait_chain` module): between slices every wait also answers the probes of ranks
+//! that timed out, with the rank it waits on.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::wait_chain::{self, Step, WaitChain};
 use crate::{CollectiveError, Failure, Result, Tag, Transport};
 
 /// The phase of every collective group's tag space that carries the group's failure notices
@@ -124,14 +129,16 @@ impl<'a> Watch<'a> {
         self.health.check()
     }
 
-    /// Runs `attempt` (a receive with the deadline it is given) until it returns something or
-    /// `total` has passed (`Ok(None)`). For group-scoped operations it calls `attempt` with
-    /// slices of at least `slice` and looks for group-wide failure notices in between, so that
-    /// it fails within about a slice of a fatal failure anywhere in the group.
+    /// Runs `attempt` (a receive from world rank `peer` with the deadline it is given) until
+    /// it returns something or `total` has passed (`Ok(None)`). For group-scoped operations it
+    /// calls `attempt` with slices of at least `slice` and in between looks for group-wide
+    /// failure notices, so that it fails within about a slice of a fatal failure anywhere in
+    /// the group, and answers wait probes with `peer`.
     pub(crate) fn wait<T>(
         &self,
         total: Duration,
         slice: Duration,
+        peer: u32,
         mut attempt: impl FnMut(Duration) -> Result<Option<T>>,
     ) -> Result<Option<T>> {
         self.check()?;
@@ -145,7 +152,125 @@ impl<'a> Watch<'a> {
                 return Ok(Some(value));
             }
             self.poll_notices()?;
+            self.answer_probes(peer)?;
             if start.elapsed() >= total {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Answers, without waiting, every wait probe another member sent: this rank waits on
+    /// world rank `waits_on`. A malformed probe is a protocol error of its sender.
+    pub(crate) fn answer_probes(&self, waits_on: u32) -> Result<()> {
+        if self.scope == FailureScope::Operation {
+            return Ok(());
+        }
+        let tag = wait_chain::probe_tag(self.group);
+        for (index, &peer) in self.members.iter().enumerate() {
+            if index as u32 == self.rank {
+                continue;
+            }
+            // A member gone or a transport stopped is for the wait that needs it to report.
+            while let Ok(Some(probe)) = self.transport.recv_message(peer, tag, Duration::ZERO) {
+                wait_chain::decode_probe(peer, &probe)?;
+                let answer = wait_chain::encode_answer(waits_on);
+                // Best effort: a prober that cannot be reached is failing on its own.
+                let _ = self.transport.send_message(
+                    peer,
+                    wait_chain::answer_tag(self.group),
+                    &[&answer],
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The error to report for `error`: a timeout waiting on a member of a group-scoped
+    /// operation names the rank at the end of the chain of waits that starts there (see the
+    /// `wait_chain` module), or becomes the failure that reached this rank during the walk;
+    /// every other error is returned as it is.
+    pub(crate) fn blame(&self, error: CollectiveError) -> CollectiveError {
+        let CollectiveError::Timeout {
+            peer: Some(first),
+            op,
+            after,
+        } = error
+        else {
+            return error;
+        };
+        let me = self.transport.rank();
+        if self.scope == FailureScope::Operation
+            || first == me
+            || !self.members.contains(&first)
+            || self.health.check().is_err()
+        {
+            return error;
+        }
+        match self.walk(first) {
+            Ok(culprit) => CollectiveError::Timeout {
+                peer: Some(culprit),
+                op,
+                after,
+            },
+            Err(other) => other,
+        }
+    }
+
+    /// Follows the chain of waits from world rank `first`, which this rank timed out on, to
+    /// the first rank that does not answer a probe; fails with a failure notice or a lost
+    /// peer met on the way.
+    fn walk(&self, first: u32) -> Result<u32> {
+        let window = wait_chain::probe_window(self.transport.op_timeout());
+        let mut chain = WaitChain::new(self.transport.rank(), first);
+        loop {
+            let current = chain.current();
+            let step = match self.ask(current, first, window)? {
+                Some(next) if self.members.contains(&next) => chain.answered(next),
+                Some(next) => {
+                    return Err(CollectiveError::protocol(
+                        Some(current),
+                        format!(
+                            "wait probe answered with rank {next}, not a member of group {}",
+                            self.group
+                        ),
+                    ));
+                }
+                None => Step::Culprit(current),
+            };
+            if let Step::Culprit(culprit) = step {
+                tracing::warn!(
+                    group = self.group,
+                    culprit,
+                    chain = %chain.describe(),
+                    "timed out; the chain of waits ends at rank {culprit}"
+                );
+                return Ok(culprit);
+            }
+        }
+    }
+
+    /// Probes world rank `peer` and waits up to `window` for its answer: the rank it waits
+    /// on, or `None` when it does not answer. Meanwhile this rank keeps looking for failure
+    /// notices and answers probes itself (it waits on `waits_on`).
+    fn ask(&self, peer: u32, waits_on: u32, window: Duration) -> Result<Option<u32>> {
+        let tag = wait_chain::answer_tag(self.group);
+        self.transport.send_message(
+            peer,
+            wait_chain::probe_tag(self.group),
+            &[&wait_chain::PROBE],
+        )?;
+        let start = Instant::now();
+        loop {
+            let left = window.saturating_sub(start.elapsed());
+            if let Some(answer) = self
+                .transport
+                .recv_message(peer, tag, left.min(NOTICE_SLICE))?
+            {
+                return wait_chain::decode_answer(peer, &answer).map(Some);
+            }
+            self.poll_notices()?;
+            self.answer_probes(waits_on)?;
+            if start.elapsed() >= window {
                 return Ok(None);
             }
         }
@@ -307,7 +432,7 @@ mod tests {
             .send_failure(1, notice_tag(7), notice(2))
             .expect("rank 1 is there");
         let err = watch
-            .wait(Duration::from_secs(60), NOTICE_SLICE, |deadline| {
+            .wait(Duration::from_secs(60), NOTICE_SLICE, 2, |deadline| {
                 world[1].recv_message(2, Tag::op(7, 3, 0), deadline)
             })
             .expect_err("the notice fails the wait");

@@ -91,6 +91,7 @@ mod scatter;
 pub mod select;
 mod shrink;
 mod split;
+mod wait_chain;
 
 pub use debug_log::{DEBUG_VAR, PREFIXED_VAR, install_debug_subscriber};
 pub use group::{ProcessGroup, WORLD_GROUP_ID};

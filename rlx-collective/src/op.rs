@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use crate::all_reduce::one_sided::region::OneSided;
 use crate::flight::FlightRecorder;
-use crate::health::{FailureScope, GROUP_NOTICE_PHASE, Health, NOTICE_SLICE, Watch};
+use crate::health::{FailureScope, Health, NOTICE_SLICE, Watch};
 use crate::select::{Algorithm, CollectiveOp, Settings};
+use crate::wait_chain::ANSWER_PHASE;
 use crate::{CollectiveError, DType, Failure, NativeCollectives, Result, Tag, Transport};
 
 /// How much longer a slice lasts per byte of the awaited message: one nanosecond, the time a
@@ -135,9 +136,9 @@ impl<'a> OpCtx<'a> {
     /// The same operation on another phase (a second channel, e.g. the result of a federated
     /// round, which must not be confused with contributions).
     pub(crate) fn phase(&self, phase: u16) -> OpCtx<'a> {
-        debug_assert_ne!(
-            phase, GROUP_NOTICE_PHASE,
-            "that phase carries failure notices"
+        debug_assert!(
+            phase < ANSWER_PHASE,
+            "phase {phase} carries failure notices or wait probes"
         );
         OpCtx {
             tag: Tag::op(self.group, self.seq, phase),
@@ -223,13 +224,15 @@ impl<'a> OpCtx<'a> {
         let slice = NOTICE_SLICE.saturating_add(
             SLICE_PER_BYTE.saturating_mul(u32::try_from(expected).unwrap_or(u32::MAX)),
         );
-        let got = self.watch.wait(self.timeout, slice, |deadline| {
+        let got = self.watch.wait(self.timeout, slice, peer, |deadline| {
             self.transport
                 .recv_message_into(peer, self.tag, buf, deadline)
         })?;
         match got {
             Some(got) if got == expected => Ok(()),
             Some(got) => Err(CollectiveError::LengthMismatch {
+                op: self.name(),
+                peer: Some(peer),
                 expected: expected as u64,
                 got: got as u64,
             }),
@@ -249,7 +252,7 @@ impl<'a> OpCtx<'a> {
             self.watch.poll_notice_of(peer)?;
             return self.transport.recv_message(peer, self.tag, Duration::ZERO);
         }
-        self.watch.wait(timeout, NOTICE_SLICE, |deadline| {
+        self.watch.wait(timeout, NOTICE_SLICE, peer, |deadline| {
             self.transport.recv_message(peer, self.tag, deadline)
         })
     }
@@ -268,6 +271,32 @@ impl<'a> OpCtx<'a> {
         self.flight.algorithm(self.seq, algorithm);
     }
 
+    /// Answers, without waiting, the wait probes of other members: this rank waits on world
+    /// rank `waits_on` (for waits that do not go through a receive of this context).
+    pub(crate) fn answer_probes(&self, waits_on: u32) -> Result<()> {
+        self.watch.answer_probes(waits_on)
+    }
+
+    /// The error this rank reports for `error`: a length mismatch names this operation (the
+    /// transport it came through knows only that it received), and a timeout waiting on a
+    /// member names the rank that is really unresponsive (see [`Watch::blame`]).
+    pub(crate) fn explain(&self, error: CollectiveError) -> CollectiveError {
+        match error {
+            CollectiveError::LengthMismatch {
+                peer,
+                expected,
+                got,
+                ..
+            } => CollectiveError::LengthMismatch {
+                op: self.name(),
+                peer,
+                expected,
+                got,
+            },
+            other => self.watch.blame(other),
+        }
+    }
+
     /// The timeout error for waiting on world rank `peer`.
     pub(crate) fn timed_out(&self, peer: u32, after: Duration) -> CollectiveError {
         CollectiveError::Timeout {
@@ -282,7 +311,7 @@ impl<'a> OpCtx<'a> {
     /// fails the group (see the module docs).
     pub(crate) fn notify_failure(&self, error: &CollectiveError) {
         let failure = match (error, self.watch.group_notice(error)) {
-            (&CollectiveError::LengthMismatch { expected, got }, _) => {
+            (&CollectiveError::LengthMismatch { expected, got, .. }, _) => {
                 Failure::LengthMismatch { expected, got }
             }
             (_, Some((notice, _))) => notice,

@@ -14,12 +14,65 @@ use rlx_collective::{
 /// long enough for a loaded machine to deliver the failure notices first.
 const OP_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Checks that every rank failed with a `LengthMismatch` that names a collective (not the
+/// transport's receive it came through) and another rank, in its text too.
 fn assert_length_mismatch(results: Vec<Result<(), CollectiveError>>, what: &str) {
-    for (rank, result) in results.into_iter().enumerate() {
+    for (rank, result) in (0u32..).zip(results) {
         match result {
-            Err(CollectiveError::LengthMismatch { .. }) => {}
-            other => panic!("{what}: rank {rank} got {other:?}, expected LengthMismatch"),
+            Err(
+                ref error @ CollectiveError::LengthMismatch {
+                    op,
+                    peer: Some(peer),
+                    ..
+                },
+            ) if op != "recv" && peer != rank => {
+                let text = error.to_string();
+                assert!(
+                    text.starts_with(&format!(
+                        "{op}: length mismatch with rank {peer}: expected "
+                    )) && text.contains(" bytes, got "),
+                    "{what}: rank {rank}: {text}"
+                );
+            }
+            other => panic!(
+                "{what}: rank {rank} got {other:?}, expected LengthMismatch naming the \
+                 operation and another rank"
+            ),
         }
+    }
+}
+
+/// The example of the error text: 1000 against 1001 `f32`s on two ranks.
+#[test]
+fn a_length_mismatch_says_which_operation_and_which_rank() {
+    let results = common::on_each(common::world_with_timeout(2, OP_TIMEOUT), move |group| {
+        let mut x = vec![1.0f32; 1000 + group.rank() as usize];
+        group.all_reduce(&mut x, ReduceKind::Sum)
+    });
+    let texts: Vec<String> = results
+        .iter()
+        .map(|r| {
+            r.as_ref()
+                .map_err(ToString::to_string)
+                .err()
+                .unwrap_or_default()
+        })
+        .collect();
+    // Each rank names the other; the bytes are those of whichever side found the mismatch.
+    for (rank, text) in texts.iter().enumerate() {
+        let other = 1 - rank;
+        assert!(
+            [
+                format!(
+                    "all_reduce: length mismatch with rank {other}: expected 4000 bytes, got 4004"
+                ),
+                format!(
+                    "all_reduce: length mismatch with rank {other}: expected 4004 bytes, got 4000"
+                ),
+            ]
+            .contains(text),
+            "rank {rank}: {text:?}"
+        );
     }
 }
 

@@ -194,7 +194,7 @@ fn a_message_too_long_for_recv_into_is_a_length_mismatch() {
     let mut results = results.into_iter();
     assert!(matches!(results.next(), Some(Ok(None))));
     match results.next() {
-        Some(Ok(Some(Err(CollectiveError::LengthMismatch { expected, got })))) => {
+        Some(Ok(Some(Err(CollectiveError::LengthMismatch { expected, got, .. })))) => {
             assert_eq!((expected, got), (8, 12));
         }
         other => panic!("expected a LengthMismatch, got {other:?}"),

@@ -150,6 +150,8 @@ impl ReducePlan {
         let count = data.len() / self.dtype.size();
         if wire.len() != count * self.wire.size() {
             return Err(CollectiveError::LengthMismatch {
+                op: "native all_reduce",
+                peer: None,
                 expected: (count * self.wire.size()) as u64,
                 got: wire.len() as u64,
             });

@@ -302,10 +302,12 @@ impl Transport for MlxTransport {
 
 /// Checks that a gather's output (a reduce-scatter's input) of `whole` bytes holds exactly one
 /// `block` of bytes per rank of a world of `world` ranks.
-fn check_world_blocks(block: usize, whole: usize, world: u32) -> Result<()> {
+fn check_world_blocks(op: &'static str, block: usize, whole: usize, world: u32) -> Result<()> {
     let expected = block as u64 * u64::from(world);
     if whole as u64 != expected {
         return Err(CollectiveError::LengthMismatch {
+            op,
+            peer: None,
             expected,
             got: whole as u64,
         });
@@ -447,7 +449,7 @@ impl NativeCollectives for MlxTransport {
     fn all_gather(&self, local: &[u8], out: &mut [u8], dtype: DType) -> Result<()> {
         let s = &self.shared;
         check_elements("all_gather input", local.len(), dtype)?;
-        check_world_blocks(local.len(), out.len(), s.world)?;
+        check_world_blocks("native all_gather", local.len(), out.len(), s.world)?;
         if s.world == 1 {
             out.copy_from_slice(local);
             return s.check_usable();
@@ -474,7 +476,7 @@ impl NativeCollectives for MlxTransport {
     ) -> Result<()> {
         let s = &self.shared;
         check_elements("reduce_scatter output", out.len(), dtype)?;
-        check_world_blocks(out.len(), input.len(), s.world)?;
+        check_world_blocks("native reduce_scatter", out.len(), input.len(), s.world)?;
         if s.world == 1 {
             out.copy_from_slice(input);
             return s.check_usable();

@@ -7,7 +7,8 @@
 //!    refused with a code and a reason the caller can print. With a secret, the reply carries
 //!    the acceptor's HMAC over the hello and a fresh nonce of its own.
 //! 3. With a secret only: the connector answers with its HMAC over the hello and the acceptor's
-//!    nonce, and the acceptor sends one verdict byte.
+//!    nonce, and the acceptor sends one verdict byte (accepted, wrong proof, or a duplicate of
+//!    a link already connected: the acceptor claims a rank's link only once it is proven).
 //!
 //! Everything here is byte encoding and checking without sockets; `bootstrap/` runs it.
 
@@ -29,6 +30,13 @@ pub(crate) const REPLY_LEN: usize = 74;
 pub(crate) const MAC_LEN: usize = 32;
 /// Longest refusal reason sent or read.
 pub(crate) const MAX_REASON: usize = 512;
+
+/// The acceptor's verdict on the connector's proof of the secret: accepted.
+pub(crate) const VERDICT_OK: u8 = 0;
+/// The verdict: the proof is wrong (the secrets differ).
+pub(crate) const VERDICT_BAD_PROOF: u8 = 1;
+/// The verdict: the proof is right, but the rank's link is already connected.
+pub(crate) const VERDICT_DUPLICATE: u8 = 2;
 
 const FLAG_SECRET: u32 = 1;
 
@@ -135,6 +143,9 @@ pub(crate) enum RefusalCode {
     Secret = 7,
     BadLink = 8,
     Impostor = 9,
+    /// The listener had no room for the connection (see `bootstrap/slots.rs`); a rank
+    /// retries.
+    Busy = 10,
     Other = 255,
 }
 
@@ -150,6 +161,7 @@ impl RefusalCode {
             7 => Self::Secret,
             8 => Self::BadLink,
             9 => Self::Impostor,
+            10 => Self::Busy,
             _ => Self::Other,
         }
     }

@@ -64,6 +64,8 @@ fn owned(from: u32, outcome: Outcome) -> Result<Vec<u8>, CollectiveError> {
         )),
         Outcome::Failure(f) => Err(f.into_error(from)),
         Outcome::TooLong { capacity, got } => Err(CollectiveError::LengthMismatch {
+            op: "recv",
+            peer: Some(from),
             expected: capacity as u64,
             got,
         }),

@@ -10,7 +10,9 @@ use rlx_transport::{
     CollectiveError, DEFAULT_OP_TIMEOUT, Failure, LaunchEnv, Rendezvous, Result, Tag, Transport,
 };
 
-use crate::bootstrap::{self, BootConfig, SocketRole, SocketSetup, SocketSetupFn};
+use crate::bootstrap::{
+    self, BootConfig, DEFAULT_HELLO_TIMEOUT, SocketRole, SocketSetup, SocketSetupFn,
+};
 use crate::frame::FrameKind;
 use crate::handshake::job_digest;
 use crate::matching::Outcome;
@@ -81,6 +83,7 @@ pub struct TcpTransportBuilder {
     rendezvous: Option<Rendezvous>,
     op_timeout: Duration,
     connect_timeout: Option<Duration>,
+    hello_timeout: Duration,
     job_id: Option<String>,
     secret: Option<Vec<u8>>,
     max_frame: u64,
@@ -116,6 +119,7 @@ impl Default for TcpTransportBuilder {
             rendezvous: None,
             op_timeout: DEFAULT_OP_TIMEOUT,
             connect_timeout: None,
+            hello_timeout: DEFAULT_HELLO_TIMEOUT,
             job_id: None,
             secret: None,
             max_frame: DEFAULT_MAX_FRAME_BYTES,
@@ -167,6 +171,15 @@ impl TcpTransportBuilder {
     /// How long bootstrap waits for every rank (default: the operation timeout).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// How long a connection to this rank's bootstrap listeners (its link listener, and the
+    /// rendezvous store on rank 0) may take to identify itself, and this rank to hear a
+    /// listener's answer; default 10 s. Each connection has its own deadline, however slowly
+    /// its bytes trickle in, so a silent or slow stranger holds a handshake slot no longer.
+    pub fn hello_timeout(mut self, timeout: Duration) -> Self {
+        self.hello_timeout = timeout;
         self
     }
 
@@ -331,6 +344,7 @@ impl TcpTransportBuilder {
             world,
             rendezvous,
             connect_timeout: self.connect_timeout.unwrap_or(self.op_timeout),
+            hello_timeout: self.hello_timeout,
             job: job_digest(&job_id),
             secret: self.secret,
             links,
@@ -460,6 +474,8 @@ impl TcpTransport {
             )),
             Outcome::Failure(f) => Err(f.into_error(from)),
             Outcome::TooLong { capacity, got } => Err(CollectiveError::LengthMismatch {
+                op: "recv",
+                peer: Some(from),
                 expected: capacity as u64,
                 got,
             }),
@@ -502,6 +518,8 @@ impl Transport for TcpTransport {
                 let dst = buf
                     .get_mut(..bytes.len())
                     .ok_or(CollectiveError::LengthMismatch {
+                        op: "recv",
+                        peer: Some(from),
                         expected: capacity as u64,
                         got: bytes.len() as u64,
                     })?;
@@ -510,6 +528,8 @@ impl Transport for TcpTransport {
             }
             Some(Outcome::Failure(f)) => Err(f.into_error(from)),
             Some(Outcome::TooLong { capacity, got }) => Err(CollectiveError::LengthMismatch {
+                op: "recv",
+                peer: Some(from),
                 expected: capacity as u64,
                 got,
             }),

@@ -173,6 +173,8 @@ fn recv_into_checks_the_length() {
         matches!(
             err,
             CollectiveError::LengthMismatch {
+                op: "recv",
+                peer: Some(0),
                 expected: 8,
                 got: 9
             }
@@ -325,6 +327,8 @@ fn tags_stay_apart_and_notices_fail_fast() {
         matches!(
             err,
             CollectiveError::LengthMismatch {
+                op: "recv",
+                peer: Some(0),
                 expected: 4,
                 got: 8
             }

@@ -27,10 +27,14 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum CollectiveError {
     /// A buffer or message had a different length than this operation requires, here or on a
-    /// peer (lengths in bytes unless the operation says otherwise).
-    #[error("length mismatch: expected {expected}, got {got}")]
+    /// peer (lengths in bytes).
+    #[error("{op}: length mismatch{}: expected {expected} bytes, got {got}", with_peer(*peer))]
     LengthMismatch {
-        /// The length this rank expected.
+        /// The operation that found it (`"all_reduce"`, `"recv"`, `"get"`...).
+        op: &'static str,
+        /// The peer whose message or notice did not match, when one did.
+        peer: Option<u32>,
+        /// The length this rank (or, for a peer's notice, that peer) expected.
         expected: u64,
         /// The length that was found.
         got: u64,
@@ -137,6 +141,10 @@ pub enum CollectiveError {
         #[source]
         source: std::io::Error,
     },
+}
+
+fn with_peer(peer: Option<u32>) -> String {
+    peer.map_or_else(String::new, |rank| format!(" with rank {rank}"))
 }
 
 fn peer_name(peer: Option<u32>) -> String {

@@ -257,6 +257,8 @@ mod tests {
         assert!(matches!(
             err,
             CollectiveError::LengthMismatch {
+                op: "recv",
+                peer: Some(1),
                 expected: 4,
                 got: 8
             }

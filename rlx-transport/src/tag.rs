@@ -12,7 +12,9 @@
 //! User tags are `u32` values below [`TAG_RESERVED_BASE`]; they live in group 0. The values
 //! `TAG_RESERVED_BASE..=u32::MAX` are reserved, as are all tags of non-zero groups, which the
 //! collectives allocate. Phase `u16::MAX` of sequence number 0 of every collective group
-//! carries that group's group-wide failure notices ([`Failure::GroupFailed`]).
+//! carries that group's group-wide failure notices ([`Failure::GroupFailed`]), and phases
+//! `u16::MAX - 1` and `u16::MAX - 2` the probes that find the unresponsive rank after a
+//! timeout and their answers.
 //!
 //! [`Failure::GroupFailed`]: crate::Failure::GroupFailed
 

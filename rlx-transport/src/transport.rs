@@ -59,6 +59,8 @@ pub trait Transport: Send + Sync {
         let dst = buf
             .get_mut(..message.len())
             .ok_or(CollectiveError::LengthMismatch {
+                op: "recv",
+                peer: Some(from),
                 expected: capacity,
                 got: message.len() as u64,
             })?;
@@ -275,9 +277,13 @@ impl Failure {
     /// The error a receiver returns when it finds this notice from `peer`.
     pub fn into_error(self, peer: u32) -> CollectiveError {
         match self {
-            Failure::LengthMismatch { expected, got } => {
-                CollectiveError::LengthMismatch { expected, got }
-            }
+            // The receiver's operation names itself (see the collectives' operation context).
+            Failure::LengthMismatch { expected, got } => CollectiveError::LengthMismatch {
+                op: "recv",
+                peer: Some(peer),
+                expected,
+                got,
+            },
             Failure::Failed => CollectiveError::PeerFailed {
                 peer,
                 detail: "its side of the operation failed".to_owned(),

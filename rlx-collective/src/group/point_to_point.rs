@@ -117,6 +117,7 @@ impl ProcessGroup {
         self.shared
             .transport
             .send_message(peer, tag, &[data])
+            .map_err(|error| watch.blame(error))
             .inspect_err(|error| watch.on_failure(error))
     }
 
@@ -148,7 +149,7 @@ impl ProcessGroup {
         let watch = self.watch();
         let transport = self.shared.transport.as_ref();
         watch
-            .wait(after, NOTICE_SLICE, |deadline| {
+            .wait(after, NOTICE_SLICE, peer, |deadline| {
                 receive(transport, peer, tag, deadline)
             })
             .and_then(|got| {
@@ -159,6 +160,7 @@ impl ProcessGroup {
                 })
             })
             .map(|got| (peer, got))
+            .map_err(|error| watch.blame(error))
             .inspect_err(|error| watch.on_failure(error))
     }
 }

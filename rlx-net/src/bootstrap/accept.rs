@@ -1,47 +1,24 @@
 //! The accepting side of bootstrap: every connection from a higher rank is handshaken on its
-//! own scoped thread, strangers are refused with a reason, and the number of handshakes in
-//! flight is bounded.
+//! own scoped thread under a deadline of its own, strangers are refused with a reason, and the
+//! handshakes in flight hold bounded, recycled slots (see `slots.rs`).
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, mpsc};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rlx_transport::CollectiveError;
 
 use crate::handshake::{
-    self, Expectation, HELLO_LEN, Hello, MAC_LEN, Refusal, RefusalCode, Reply, Side, random_bytes,
+    self, Expectation, HELLO_LEN, Hello, MAC_LEN, Refusal, RefusalCode, Reply, Side,
+    VERDICT_BAD_PROOF, VERDICT_DUPLICATE, VERDICT_OK, random_bytes,
 };
 
 use super::config::{BootConfig, Link};
-use super::socket::read_timeout_until;
-
-/// How long an accepted connection may take to say who it is.
-pub(super) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-/// Most connections handshaken at once during bootstrap; more are closed at once, so a flood
-/// of strangers cannot make a rank start threads without bound.
-const MAX_HANDSHAKES: usize = 64;
-
-/// Counts handshakes in flight; dropping the guard ends one.
-pub(super) struct InFlight<'a>(&'a AtomicUsize);
-
-impl<'a> InFlight<'a> {
-    pub(super) fn enter(counter: &'a AtomicUsize) -> Option<Self> {
-        if counter.fetch_add(1, Ordering::SeqCst) >= MAX_HANDSHAKES {
-            counter.fetch_sub(1, Ordering::SeqCst);
-            return None;
-        }
-        Some(Self(counter))
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
+use super::slots::{Slot, Slots};
+use super::socket::Deadline;
 
 pub(super) fn log_refusal(rank: u32, from: Option<SocketAddr>, refusal: &Refusal) {
     let from = from.map_or_else(|| "an unknown address".to_owned(), |a| a.to_string());
@@ -51,6 +28,37 @@ pub(super) fn log_refusal(rank: u32, from: Option<SocketAddr>, refusal: &Refusal
         reason = %refusal.reason,
         "refused a connection"
     );
+}
+
+/// The timeout of bootstrap operation `op` on `rank` that waited `after` for the ranks in
+/// `missing`: it names the missing rank when there is exactly one, and logs them all.
+pub(super) fn missing_ranks_timeout(
+    rank: u32,
+    op: &'static str,
+    after: std::time::Duration,
+    missing: &[u32],
+) -> CollectiveError {
+    tracing::warn!(rank, op, ?after, ?missing, "gave up waiting for ranks");
+    CollectiveError::Timeout {
+        peer: match missing {
+            [only] => Some(*only),
+            _ => None,
+        },
+        op,
+        after,
+    }
+}
+
+/// The reply that refuses a connection to the link listener of `cfg`'s rank with `refusal`.
+fn refusal_reply(cfg: &BootConfig, refusal: Refusal) -> Vec<u8> {
+    Reply {
+        refusal: Some(refusal),
+        rank: cfg.rank,
+        world_size: cfg.world,
+        nonce: [0; 16],
+        mac: [0; MAC_LEN],
+    }
+    .encode()
 }
 
 /// Accepts `expected` links from higher ranks until `deadline`; strangers are refused.
@@ -63,10 +71,14 @@ pub(super) fn accept_all(
     failed: &AtomicBool,
 ) -> Result<Vec<Link>, CollectiveError> {
     let claimed: Mutex<Vec<(u32, u32)>> = Mutex::new(Vec::new());
-    let pending: Mutex<Vec<TcpStream>> = Mutex::new(Vec::new());
     let (tx, rx) = mpsc::channel::<Link>();
     let mut got: Vec<Link> = Vec::new();
-    let in_flight = AtomicUsize::new(0);
+    let busy_cfg = cfg.clone();
+    let slots = Slots::new(
+        cfg.rank,
+        "link listener",
+        Box::new(move |reason| refusal_reply(&busy_cfg, Refusal::new(RefusalCode::Busy, reason))),
+    );
     std::thread::scope(|scope| {
         let result = loop {
             while let Ok(link) = rx.try_recv() {
@@ -81,11 +93,17 @@ pub(super) fn accept_all(
                 ));
             }
             if Instant::now() >= deadline {
-                break Err(CollectiveError::Timeout {
-                    peer: None,
-                    op: "accept",
-                    after: cfg.connect_timeout,
-                });
+                let missing: Vec<u32> = (cfg.rank + 1..cfg.world)
+                    .filter(|&r| {
+                        got.iter().filter(|(peer, ..)| *peer == r).count() < cfg.links as usize
+                    })
+                    .collect();
+                break Err(missing_ranks_timeout(
+                    cfg.rank,
+                    "accept",
+                    cfg.connect_timeout,
+                    &missing,
+                ));
             }
             let mut fds: Vec<libc::pollfd> = listeners
                 .iter()
@@ -99,26 +117,21 @@ pub(super) fn accept_all(
             unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 20) };
             for listener in listeners {
                 while let Ok((stream, from)) = listener.accept() {
-                    let Some(guard) = InFlight::enter(&in_flight) else {
-                        let _ = stream.shutdown(std::net::Shutdown::Both);
+                    let Some(slot) = slots.admit(&stream, from) else {
                         continue;
                     };
-                    if let Ok(clone) = stream.try_clone() {
-                        if let Ok(mut p) = pending.lock() {
-                            p.push(clone);
-                        }
-                    }
                     let tx = tx.clone();
                     let claimed = &claimed;
                     scope.spawn(move || {
-                        let _guard = guard;
-                        match handshake_acceptor(cfg, expect, &stream, claimed, deadline) {
+                        let until = deadline.min(Instant::now() + cfg.hello_timeout);
+                        match handshake_acceptor(cfg, expect, &stream, claimed, until, &slot) {
                             Ok((rank, link)) => {
+                                // The slot goes first, so that closing the connections still
+                                // in the handshake never closes a link already handed over.
+                                drop(slot);
                                 let _ = tx.send((rank, link, stream));
                             }
                             Err(refusal) => {
-                                // The clone kept for unblocking would hold the connection
-                                // open; end it now so the stranger sees the refusal complete.
                                 let _ = stream.shutdown(std::net::Shutdown::Both);
                                 log_refusal(cfg.rank, Some(from), &refusal);
                             }
@@ -128,13 +141,7 @@ pub(super) fn accept_all(
             }
         };
         // Unblock handshakes still waiting on strangers so the scope can end.
-        if let Ok(p) = pending.lock() {
-            for s in p.iter() {
-                if !got.iter().any(|(_, _, g)| same_socket(g, s)) {
-                    let _ = s.shutdown(std::net::Shutdown::Both);
-                }
-            }
-        }
+        slots.close_all();
         result
     })?;
     while let Ok(link) = rx.try_recv() {
@@ -143,58 +150,72 @@ pub(super) fn accept_all(
     Ok(got)
 }
 
-fn same_socket(a: &TcpStream, b: &TcpStream) -> bool {
-    matches!((a.peer_addr(), b.peer_addr(), a.local_addr(), b.local_addr()), (Ok(pa), Ok(pb), Ok(la), Ok(lb)) if pa == pb && la == lb)
-}
-
+/// The acceptor's half of the handshake on `stream`, which must end by `until`; returns the
+/// connector's rank and link, or the refusal it was answered with.
 fn handshake_acceptor(
     cfg: &BootConfig,
     expect: &Expectation<'_>,
     stream: &TcpStream,
     claimed: &Mutex<Vec<(u32, u32)>>,
-    deadline: Instant,
+    until: Instant,
+    slot: &Slot<'_>,
 ) -> Result<(u32, u32), Refusal> {
     let other = |e: io::Error| Refusal::new(RefusalCode::Other, format!("handshake failed: {e}"));
     stream.set_nonblocking(false).map_err(other)?;
-    read_timeout_until(stream, deadline, HELLO_TIMEOUT).map_err(other)?;
-    let mut s = stream;
+    stream
+        .set_write_timeout(Some(cfg.hello_timeout))
+        .map_err(other)?;
+    let mut from = Deadline::new(stream, until, "hello");
     let mut hello_bytes = [0u8; HELLO_LEN];
-    s.read_exact(&mut hello_bytes).map_err(other)?;
+    from.read_exact(&mut hello_bytes).map_err(other)?;
     let refuse = |refusal: Refusal| {
-        let reply = Reply {
-            refusal: Some(refusal.clone()),
-            rank: cfg.rank,
-            world_size: cfg.world,
-            nonce: [0; 16],
-            mac: [0; MAC_LEN],
-        };
         let mut s = stream;
-        let _ = s.write_all(&reply.encode());
+        let _ = s.write_all(&refusal_reply(cfg, refusal.clone()));
         refusal
     };
     let hello = Hello::decode(&hello_bytes).map_err(refuse)?;
     handshake::check_hello(&hello, expect).map_err(refuse)?;
-    {
+    // A rank sends its hello at once: from here on the connection is no stranger's to evict
+    // (its deadline still bounds it). One evicted meanwhile was told so and retries.
+    if !slot.identified() {
+        return Err(Refusal::new(
+            RefusalCode::Busy,
+            "evicted before its hello was checked",
+        ));
+    }
+    let me = (hello.rank, hello.link);
+    let duplicate = || {
+        Refusal::new(
+            RefusalCode::Duplicate,
+            format!(
+                "duplicate rank {} (link {} is already connected)",
+                hello.rank, hello.link
+            ),
+        )
+    };
+    // Claims the connector's rank and link, or refuses a duplicate.
+    let claim = || -> Result<(), Refusal> {
         let mut claimed = claimed
             .lock()
             .map_err(|_| Refusal::new(RefusalCode::Other, "lock"))?;
-        if claimed.contains(&(hello.rank, hello.link)) {
-            return Err(refuse(Refusal::new(
-                RefusalCode::Duplicate,
-                format!(
-                    "duplicate rank {} (link {} is already connected)",
-                    hello.rank, hello.link
-                ),
-            )));
+        if claimed.contains(&me) {
+            return Err(duplicate());
         }
-        claimed.push((hello.rank, hello.link));
-    }
+        claimed.push(me);
+        Ok(())
+    };
     let release = |refusal: Refusal| {
         if let Ok(mut c) = claimed.lock() {
-            c.retain(|&x| x != (hello.rank, hello.link));
+            c.retain(|&x| x != me);
         }
         refusal
     };
+    // Without a secret the hello is all there is to go by. With one, the rank and link are
+    // claimed only once the connector proved it holds the secret, so that a stranger who
+    // knows the job id cannot take a rank's place and have the real rank refused.
+    if cfg.secret.is_none() {
+        claim().map_err(refuse)?;
+    }
     // Without randomness the connection is refused rather than answered with a guessable nonce.
     let nonce = random_bytes::<16>()
         .map_err(|e| release(refuse(Refusal::new(RefusalCode::Other, e.to_string()))))?;
@@ -208,24 +229,36 @@ fn handshake_acceptor(
         nonce,
         mac,
     };
+    let mut s = stream;
     s.write_all(&reply.encode())
         .map_err(other)
         .map_err(release)?;
     if let Some(secret) = &cfg.secret {
         let mut theirs = [0u8; MAC_LEN];
-        s.read_exact(&mut theirs).map_err(other).map_err(release)?;
-        let ok = handshake::verify_mac(secret, Side::Connector, &hello_bytes, &nonce, &theirs);
-        let _ = s.write_all(&[u8::from(!ok)]);
-        if !ok {
-            return Err(release(Refusal::new(
+        from.read_exact(&mut theirs).map_err(other)?;
+        if !handshake::verify_mac(secret, Side::Connector, &hello_bytes, &nonce, &theirs) {
+            let _ = s.write_all(&[VERDICT_BAD_PROOF]);
+            return Err(Refusal::new(
                 RefusalCode::Secret,
                 format!(
                     "rank {} failed to prove it holds RLX_JOB_SECRET",
                     hello.rank
                 ),
-            )));
+            ));
         }
+        if let Err(refusal) = claim() {
+            let _ = s.write_all(&[VERDICT_DUPLICATE]);
+            return Err(refusal);
+        }
+        s.write_all(&[VERDICT_OK]).map_err(other).map_err(release)?;
     }
-    stream.set_read_timeout(None).map_err(other)?;
-    Ok((hello.rank, hello.link))
+    stream
+        .set_read_timeout(None)
+        .map_err(other)
+        .map_err(release)?;
+    stream
+        .set_write_timeout(None)
+        .map_err(other)
+        .map_err(release)?;
+    Ok(me)
 }

@@ -35,6 +35,11 @@ impl std::fmt::Debug for SocketSetup {
     }
 }
 
+/// How long a connection to a bootstrap listener (a link listener, the rendezvous store) may
+/// take to say who it is, and a connector to hear the answer, unless the builder says
+/// otherwise.
+pub(crate) const DEFAULT_HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What bootstrap needs to know (assembled by the builder).
 #[derive(Clone, Debug)]
 pub(crate) struct BootConfig {
@@ -42,6 +47,8 @@ pub(crate) struct BootConfig {
     pub(crate) world: u32,
     pub(crate) rendezvous: Rendezvous,
     pub(crate) connect_timeout: Duration,
+    /// The deadline of every handshake, from the moment the connection is made.
+    pub(crate) hello_timeout: Duration,
     pub(crate) job: [u8; 16],
     pub(crate) secret: Option<Vec<u8>>,
     pub(crate) links: u32,

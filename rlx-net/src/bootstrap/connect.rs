@@ -8,11 +8,13 @@ use std::time::{Duration, Instant};
 use rlx_transport::CollectiveError;
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::handshake::{self, Hello, PROTOCOL_VERSION, REPLY_LEN, Reply, Side, random_bytes};
+use crate::handshake::{
+    self, Hello, PROTOCOL_VERSION, REPLY_LEN, RefusalCode, Reply, Side, VERDICT_DUPLICATE,
+    VERDICT_OK, random_bytes,
+};
 
-use super::accept::HELLO_TIMEOUT;
 use super::config::{BootConfig, Link, SocketRole};
-use super::socket::{read_timeout_until, set_up};
+use super::socket::{Deadline, set_up};
 
 /// First and largest pause between connection attempts.
 const BACKOFF_MIN: Duration = Duration::from_millis(10);
@@ -30,12 +32,38 @@ pub(super) fn connect_all(
         let addrs = &table[peer as usize];
         for link in 0..cfg.links {
             let addr = addrs[link as usize % addrs.len()];
-            let stream = connect_retrying(cfg, peer, addr, deadline, cfg.connect_timeout)?;
-            handshake_connector(cfg, peer, link, instance, &stream, deadline)?;
+            let mut pause = BACKOFF_MIN;
+            let stream = loop {
+                let stream = connect_retrying(cfg, peer, addr, deadline, cfg.connect_timeout)?;
+                if handshake_connector(cfg, peer, link, instance, &stream, deadline)? {
+                    break stream;
+                }
+                // The listener had no room (strangers hold its handshake slots): try again.
+                backoff(&mut pause, deadline);
+            };
             out.push((peer, link, stream));
         }
     }
     Ok(out)
+}
+
+/// Sleeps `pause` (never past `deadline`) and doubles it, up to [`BACKOFF_MAX`].
+pub(super) fn backoff(pause: &mut Duration, deadline: Instant) {
+    std::thread::sleep((*pause).min(deadline.saturating_duration_since(Instant::now())));
+    *pause = (*pause * 2).min(BACKOFF_MAX);
+}
+
+/// The text of an I/O error `e` met while talking to `whom`: an early end of the connection
+/// says so, instead of the standard library's "failed to fill whole buffer".
+pub(super) fn io_text(whom: &str, e: &io::Error) -> String {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        format!(
+            "{whom} closed the connection without an answer (it ended, or refused the \
+             connection without saying why)"
+        )
+    } else {
+        format!("{whom}: {e}")
+    }
 }
 
 /// An attempt to reach `peer` at `addr` that failed for good.
@@ -89,8 +117,7 @@ pub(super) fn connect_retrying(
                 ) =>
             {
                 tracing::trace!(peer, %addr, error = %e, ?pause, "connect failed; retrying");
-                std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
-                pause = (pause * 2).min(BACKOFF_MAX);
+                backoff(&mut pause, deadline);
             }
             Err(e) => {
                 return Err(CollectiveError::Io {
@@ -105,6 +132,8 @@ pub(super) fn connect_retrying(
     }
 }
 
+/// The connector's half of the handshake on `stream` to `peer`: `Ok(true)` once the link is
+/// established, `Ok(false)` when the listener had no room and the caller should retry.
 fn handshake_connector(
     cfg: &BootConfig,
     peer: u32,
@@ -112,20 +141,17 @@ fn handshake_connector(
     instance: u64,
     stream: &TcpStream,
     deadline: Instant,
-) -> Result<(), CollectiveError> {
-    let io_peer = |e: io::Error| {
-        let addr = stream
-            .peer_addr()
-            .map_or_else(|_| "?".to_owned(), |a| a.to_string());
-        CollectiveError::Io {
-            peer: Some(peer),
-            source: io::Error::new(
-                e.kind(),
-                format!("handshake with rank {peer} at {addr}: {e}"),
-            ),
-        }
+) -> Result<bool, CollectiveError> {
+    let addr = stream
+        .peer_addr()
+        .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+    let io_peer = |e: io::Error| CollectiveError::Io {
+        peer: Some(peer),
+        source: io::Error::new(
+            e.kind(),
+            io_text(&format!("handshake with rank {peer} at {addr}"), &e),
+        ),
     };
-    read_timeout_until(stream, deadline, HELLO_TIMEOUT).map_err(io_peer)?;
     let hello = Hello {
         version: PROTOCOL_VERSION,
         has_secret: cfg.secret.is_some(),
@@ -139,16 +165,28 @@ fn handshake_connector(
     };
     let hello_bytes = hello.encode();
     let mut s = stream;
+    stream
+        .set_write_timeout(Some(cfg.hello_timeout))
+        .map_err(io_peer)?;
     s.write_all(&hello_bytes).map_err(io_peer)?;
+    let mut answer = Deadline::new(
+        stream,
+        deadline.min(Instant::now() + cfg.hello_timeout),
+        "handshake reply",
+    );
     let mut fixed = [0u8; REPLY_LEN];
-    s.read_exact(&mut fixed).map_err(io_peer)?;
+    answer.read_exact(&mut fixed).map_err(io_peer)?;
     let (reply, reason_len) = Reply::decode(peer, &fixed)?;
     let mut reason = vec![0u8; reason_len];
-    s.read_exact(&mut reason).map_err(io_peer)?;
+    answer.read_exact(&mut reason).map_err(io_peer)?;
     if let Some(refusal) = reply.refusal {
         let reason = String::from_utf8_lossy(&reason);
+        if refusal.code == RefusalCode::Busy {
+            tracing::info!(peer, %addr, %reason, "the listener had no room; retrying");
+            return Ok(false);
+        }
         return Err(CollectiveError::config(format!(
-            "rank {peer} refused rank {}'s connection (code {:?}): {reason}",
+            "rank {peer} at {addr} refused rank {}'s connection (code {:?}): {reason}",
             cfg.rank, refusal.code
         )));
     }
@@ -174,7 +212,7 @@ fn handshake_connector(
         let mine = handshake::mac(secret, Side::Connector, &hello_bytes, &reply.nonce);
         s.write_all(&mine).map_err(io_peer)?;
         let mut verdict = [0u8; 1];
-        let answered = s.read_exact(&mut verdict);
+        let answered = answer.read_exact(&mut verdict);
         if !proven {
             return Err(CollectiveError::protocol(
                 Some(peer),
@@ -182,13 +220,25 @@ fn handshake_connector(
             ));
         }
         answered.map_err(io_peer)?;
-        if verdict[0] != 0 {
-            return Err(CollectiveError::config(format!(
-                "rank {peer} refused rank {}'s proof of RLX_JOB_SECRET (the secrets differ)",
-                cfg.rank
-            )));
+        match verdict[0] {
+            VERDICT_OK => {}
+            VERDICT_DUPLICATE => {
+                return Err(CollectiveError::config(format!(
+                    "rank {peer} at {addr} refused rank {}'s link {link}: another connection \
+                     holds it already (a duplicate rank)",
+                    cfg.rank
+                )));
+            }
+            _ => {
+                return Err(CollectiveError::config(format!(
+                    "rank {peer} at {addr} refused rank {}'s proof of RLX_JOB_SECRET (the \
+                     secrets differ)",
+                    cfg.rank
+                )));
+            }
         }
     }
     stream.set_read_timeout(None).map_err(io_peer)?;
-    Ok(())
+    stream.set_write_timeout(None).map_err(io_peer)?;
+    Ok(true)
 }

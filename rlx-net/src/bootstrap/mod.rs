@@ -15,11 +15,13 @@
 //!
 //! Layout: this file runs [`establish`]; `config.rs` holds what bootstrap is told and hands
 //! back; `socket.rs` the socket setup; `address.rs` the choice of addresses; `connect.rs` and
-//! `accept.rs` the two sides of every link; `store/` the rendezvous store.
+//! `accept.rs` the two sides of every link; `slots.rs` the bounded handshakes of a listener;
+//! `store/` the rendezvous store.
 mod accept;
 mod address;
 mod config;
 mod connect;
+mod slots;
 mod socket;
 mod store;
 
@@ -36,7 +38,9 @@ use crate::handshake::{Expectation, random_bytes};
 use accept::accept_all;
 use address::{choose_ip, store_scope, with_scope};
 pub use config::SocketRole;
-pub(crate) use config::{BootConfig, Established, SocketSetup, SocketSetupFn};
+pub(crate) use config::{
+    BootConfig, DEFAULT_HELLO_TIMEOUT, Established, SocketSetup, SocketSetupFn,
+};
 use connect::connect_all;
 pub(crate) use socket::tune;
 use socket::{listen, unspecified};

@@ -1,7 +1,7 @@
 //! Socket setup for bootstrap: the setup hook, listeners, tuning of established links and
 //! read deadlines.
 
-use std::io;
+use std::io::{self, Read};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -58,12 +58,47 @@ pub(crate) fn tune(stream: &TcpStream) -> io::Result<()> {
     Ok(())
 }
 
-/// Sets the read timeout of `stream` to what is left until `deadline`, at most `cap`.
-pub(super) fn read_timeout_until(
-    stream: &TcpStream,
-    deadline: Instant,
-    cap: Duration,
-) -> io::Result<()> {
-    let left = deadline.saturating_duration_since(Instant::now()).min(cap);
-    stream.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+/// Reads from a stream under one deadline for the whole exchange, however the bytes trickle
+/// in: a socket read timeout alone restarts with every byte, so a peer sending one byte a
+/// second would never time out.
+pub(super) struct Deadline<'a> {
+    stream: &'a TcpStream,
+    at: Instant,
+    /// What the deadline bounds, for the error (`"hello"`, `"registration"`...).
+    what: &'static str,
+}
+
+impl<'a> Deadline<'a> {
+    /// Reads of `stream` that fail once `at` has passed; `what` names the exchange.
+    pub(super) fn new(stream: &'a TcpStream, at: Instant, what: &'static str) -> Self {
+        Deadline { stream, at, what }
+    }
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let timed_out = || {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no complete {} before its deadline", self.what),
+            )
+        };
+        let left = self.at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(timed_out());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        let mut stream = self.stream;
+        match stream.read(buf) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                Err(timed_out())
+            }
+            other => other,
+        }
+    }
 }

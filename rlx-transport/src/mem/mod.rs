@@ -348,6 +348,8 @@ mod tests {
         assert!(matches!(
             w[1].recv_message_into(0, tag, &mut buf, Duration::ZERO),
             Err(CollectiveError::LengthMismatch {
+                op: "recv",
+                peer: Some(0),
                 expected: 8,
                 got: 9
             })

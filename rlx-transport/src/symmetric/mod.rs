@@ -198,6 +198,8 @@ pub trait SymmetricTransport: Transport {
         let data = self.get_nbi(rank, offset, buf.len() as u64)?.wait()?;
         if data.len() != buf.len() {
             return Err(CollectiveError::LengthMismatch {
+                op: "get",
+                peer: Some(rank),
                 expected: buf.len() as u64,
                 got: data.len() as u64,
             });

@@ -2,9 +2,12 @@
 //! the verdict on what the survivors reported.
 //!
 //! A survivor's error is right when it is of a kind the fault explains (`PeerLost` or a
-//! peer's failure notice for a kill; also `Timeout` for a stall) and it names the victim — or
-//! names another survivor whose own error is right. The second case is how a failure travels
-//! in a ring: rank 3 loses rank 2 and tells rank 0, which was waiting on rank 3, not rank 2.
+//! peer's failure notice for a kill; also `Timeout` for a stall) and it names the victim — or,
+//! after a kill, names another survivor whose own error is right. The second case is how a
+//! lost peer travels in a ring: rank 3 loses rank 2 and tells rank 0, which was waiting on
+//! rank 3, not rank 2. A stall must be named directly: a rank that times out follows the chain
+//! of waits to the rank that does not answer, so a survivor naming another survivor blamed a
+//! rank that was only waiting itself.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -201,6 +204,11 @@ fn explained(
     }
     match error.peer {
         Some(peer) if peer == victim => Ok(()),
+        Some(peer) if kind == FaultKind::Stall => Err(format!(
+            "rank {rank} blamed rank {peer}, which was waiting itself, for the stall of rank \
+             {victim}: {}",
+            error.message
+        )),
         Some(peer) if visited.insert(rank) && errors.contains_key(&peer) => {
             explained(kind, victim, peer, errors, visited).map_err(|why| {
                 format!(
@@ -306,5 +314,9 @@ mod tests {
         // The same timeout is right for a stall.
         let errors = BTreeMap::from([(0, err("timeout", 2))]);
         assert!(judge(FaultKind::Stall, 2, &errors)[&0].is_ok());
+        // A stall is named directly: blaming a survivor that blames the victim is wrong.
+        let errors = BTreeMap::from([(0, err("group_failed", 3)), (3, err("timeout", 2))]);
+        let verdict = judge(FaultKind::Stall, 2, &errors);
+        assert!(verdict[&0].is_err() && verdict[&3].is_ok(), "{verdict:?}");
     }
 }

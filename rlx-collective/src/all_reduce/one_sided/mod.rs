@@ -381,6 +381,8 @@ impl Link<'_> {
         let mine = &self.header;
         if theirs.data_bytes != mine.data_bytes {
             return Err(CollectiveError::LengthMismatch {
+                op: self.ctx.name(),
+                peer: Some(peer),
                 expected: mine.data_bytes,
                 got: theirs.data_bytes,
             });
@@ -426,6 +428,7 @@ impl Link<'_> {
                 Err(other) => return Err(other),
             }
             self.check_peers(peer)?;
+            self.ctx.answer_probes(peer)?;
             if start.elapsed() >= timeout {
                 return Err(self.ctx.timed_out(peer, timeout));
             }

@@ -5,7 +5,6 @@ use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::Mutex;
-use std::sync::atomic::AtomicUsize;
 use std::time::Instant;
 
 use rlx_transport::CollectiveError;
@@ -13,10 +12,11 @@ use rlx_transport::CollectiveError;
 use crate::handshake::{Refusal, RefusalCode};
 
 use super::wire::{Registration, read_registration, store_reply};
-use crate::bootstrap::accept::{HELLO_TIMEOUT, InFlight, log_refusal};
+use crate::bootstrap::accept::{log_refusal, missing_ranks_timeout};
 use crate::bootstrap::address::public_address;
 use crate::bootstrap::config::BootConfig;
-use crate::bootstrap::socket::{listen, unspecified};
+use crate::bootstrap::slots::Slots;
+use crate::bootstrap::socket::{Deadline, listen, unspecified};
 
 /// Rank 0: hosts the store until every rank registered, answers everyone with the table, and
 /// returns it.
@@ -41,19 +41,31 @@ pub(in crate::bootstrap) fn serve_store(
     type Entry = (TcpStream, Registration, Option<IpAddr>, Option<IpAddr>);
     let entries: Mutex<Vec<Option<Entry>>> = Mutex::new((0..world).map(|_| None).collect());
     let count = |e: &Mutex<Vec<Option<Entry>>>| e.lock().map_or(0, |v| v.iter().flatten().count());
-    let pending: Mutex<Vec<TcpStream>> = Mutex::new(Vec::new());
-    let in_flight = AtomicUsize::new(0);
+    let slots = Slots::new(
+        0,
+        "rendezvous store",
+        Box::new(|reason| store_reply(Err(&Refusal::new(RefusalCode::Busy, reason)))),
+    );
     let result = std::thread::scope(|scope| {
         let result = loop {
             if count(&entries) + 1 >= world {
                 break Ok(());
             }
             if Instant::now() >= deadline {
-                break Err(CollectiveError::Timeout {
-                    peer: None,
-                    op: "rendezvous",
-                    after: cfg.connect_timeout,
-                });
+                let missing: Vec<u32> = entries.lock().map_or_else(
+                    |_| Vec::new(),
+                    |e| {
+                        (1..cfg.world)
+                            .filter(|&r| e[r as usize].is_none())
+                            .collect()
+                    },
+                );
+                break Err(missing_ranks_timeout(
+                    0,
+                    "rendezvous",
+                    cfg.connect_timeout,
+                    &missing,
+                ));
             }
             let mut fd = [libc::pollfd {
                 fd: listener.as_raw_fd(),
@@ -63,23 +75,26 @@ pub(in crate::bootstrap) fn serve_store(
             // SAFETY: one valid pollfd for the duration of the call.
             unsafe { libc::poll(fd.as_mut_ptr(), 1, 20) };
             while let Ok((stream, from)) = listener.accept() {
-                let Some(guard) = InFlight::enter(&in_flight) else {
-                    let _ = stream.shutdown(std::net::Shutdown::Both);
+                let Some(slot) = slots.admit(&stream, from) else {
                     continue;
                 };
-                if let Ok(c) = stream.try_clone() {
-                    if let Ok(mut p) = pending.lock() {
-                        p.push(c);
-                    }
-                }
                 let entries = &entries;
                 scope.spawn(move || {
-                    let _guard = guard;
                     let _ = stream.set_nonblocking(false);
-                    let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
+                    let _ = stream.set_write_timeout(Some(cfg.hello_timeout));
+                    let until = deadline.min(Instant::now() + cfg.hello_timeout);
                     let mut s = &stream;
-                    match read_registration(cfg, &mut s) {
+                    match read_registration(cfg, &mut Deadline::new(&stream, until, "registration"))
+                    {
                         Ok((rank, reg)) => {
+                            // A connection evicted while its registration was read was told
+                            // so, and registers again.
+                            if !slot.identified() {
+                                return;
+                            }
+                            // The slot goes before the connection joins the entries, so that
+                            // closing the connections still in the handshake spares it.
+                            drop(slot);
                             let Ok(mut e) = entries.lock() else { return };
                             if e[rank as usize].is_some() {
                                 let refusal = Refusal::new(
@@ -94,6 +109,7 @@ pub(in crate::bootstrap) fn serve_store(
                                 log_refusal(0, Some(from), &refusal);
                                 return;
                             }
+                            let _ = stream.set_read_timeout(None);
                             let observed = stream.peer_addr().ok().map(|a| a.ip());
                             let via = stream.local_addr().ok().map(|a| a.ip());
                             e[rank as usize] = Some((stream, reg, observed, via));
@@ -107,20 +123,8 @@ pub(in crate::bootstrap) fn serve_store(
                 });
             }
         };
-        if let Ok(p) = pending.lock() {
-            let keep = entries.lock().map(|e| {
-                e.iter()
-                    .flatten()
-                    .filter_map(|(s, ..)| s.peer_addr().ok())
-                    .collect::<Vec<_>>()
-            });
-            let keep = keep.unwrap_or_default();
-            for s in p.iter() {
-                if s.peer_addr().map_or(true, |a| !keep.contains(&a)) {
-                    let _ = s.shutdown(std::net::Shutdown::Both);
-                }
-            }
-        }
+        // Unblock registrations still waiting on strangers so the scope can end.
+        slots.close_all();
         result
     });
     let mut entries = entries

@@ -199,6 +199,7 @@ mod tests {
                 port: 1,
             },
             connect_timeout: Duration::from_secs(1),
+            hello_timeout: Duration::from_secs(1),
             job: handshake::job_digest("j"),
             secret: None,
             links: 1,

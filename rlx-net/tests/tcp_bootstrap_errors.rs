@@ -1,0 +1,115 @@
+//! What bootstrap's errors say: a rendezvous that times out names the rank that never came
+//! when only one can be missing, a rank whose store closes the connection without an answer
+//! is told so (not "failed to fill whole buffer"), and a connection the store evicts to make
+//! room is sent the reason. The ranks are threads of this process over loopback.
+
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::thread;
+use std::time::Duration;
+
+use rlx_net::TcpTransport;
+use rlx_transport::CollectiveError;
+
+fn free_port() -> u16 {
+    rlx_transport::ports::free_loopback_ports(1).expect("a free loopback port")[0]
+}
+
+fn rank(
+    rank: u32,
+    world: u32,
+    port: u16,
+    connect: Duration,
+) -> Result<TcpTransport, CollectiveError> {
+    TcpTransport::builder()
+        .rank(rank)
+        .world_size(world)
+        .master("127.0.0.1", port)
+        .connect_timeout(connect)
+        .build()
+}
+
+#[test]
+fn a_two_rank_rendezvous_timeout_names_rank_1() {
+    let err = rank(0, 2, free_port(), Duration::from_secs(1)).expect_err("rank 1 never comes");
+    assert!(
+        matches!(
+            err,
+            CollectiveError::Timeout {
+                peer: Some(1),
+                op: "rendezvous",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.starts_with("rendezvous timed out after") && text.ends_with("waiting for peer rank 1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_store_that_closes_without_an_answer_is_named() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a listener");
+    let port = listener.local_addr().expect("its address").port();
+    // A "store" that reads the registration and hangs up.
+    let store = thread::spawn(move || {
+        let (mut stream, _) = listener.accept().expect("the rank's connection");
+        // All of it (the registration comes in one piece), so that closing sends an orderly
+        // end of stream rather than a reset.
+        stream
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .expect("a read timeout");
+        let mut registration = Vec::new();
+        let _ = stream.read_to_end(&mut registration);
+    });
+    let err = rank(1, 2, port, Duration::from_secs(10)).expect_err("the store hung up");
+    store.join().expect("the store thread");
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!(
+            "the rendezvous store at 127.0.0.1:{port} (rank 0)"
+        )) && text.contains("registering rank 1")
+            && text.contains("closed the connection without an answer")
+            && !text.contains("failed to fill whole buffer"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_connection_evicted_from_a_full_store_is_told_why() {
+    let port = free_port();
+    let root = thread::spawn(move || rank(0, 2, port, Duration::from_secs(60)));
+    let connect = || loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(stream) => break stream,
+            Err(_) => thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    // Silent connections, one more than the store has handshake slots: the oldest makes
+    // room for the newest and is told why.
+    let mut oldest = connect();
+    oldest
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("a read timeout");
+    let others: Vec<TcpStream> = (0..64).map(|_| connect()).collect();
+    let mut answer = Vec::new();
+    let _ = oldest.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer);
+    assert!(
+        text.contains("evicted") && text.contains("rendezvous store of rank 0"),
+        "{text:?}"
+    );
+    drop(others);
+    // Rank 1 still gets in.
+    let other = thread::spawn(move || rank(1, 2, port, Duration::from_secs(60)));
+    root.join()
+        .expect("rank 0's thread")
+        .expect("rank 0 bootstraps");
+    other
+        .join()
+        .expect("rank 1's thread")
+        .expect("rank 1 bootstraps");
+}
