@@ -14,6 +14,11 @@
 //!   order, whatever thread runs them, because native calls match by call order alone.
 //! - [`conformance`]: the check suite (every collective × dtype × reduction × awkward size
 //!   against a serial reference) that tests and `cargo xtask test-cluster` run on a group.
+//! - [`ProcessGroup::shrink`] and [`ProcessGroup::grow`]: a job that survives a lost rank.
+//!   After a fatal failure every survivor calls `shrink` and gets the same new group of the
+//!   survivors over the same links (the ranks declared dead are excluded at the transport and
+//!   fail if they wake up); `grow` admits replacements that call [`join()`] (TCP) or
+//!   [`ProcessGroup::joined`] (in-process, with a [`MemJoiner`]).
 //! - [`init()`]: the world group from the environment on the compiled-in backend.
 //!
 //! The contracts of `rlx-transport` are re-exported, so `use rlx_collective::*` suffices.

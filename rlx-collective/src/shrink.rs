@@ -36,8 +36,9 @@ use crate::split::group_id_of;
 use crate::{CollectiveError, FatalCause, Result, Tag, Transport};
 
 /// The phase of a group's tag space that carries its shrink agreement (the sequence number is
-/// the attempt); below the failure-notice phase, far above the phases operations use.
-pub(crate) const SHRINK_PHASE: u16 = u16::MAX - 1;
+/// the attempt); below the failure-notice and wait-chain phases, far above the phases
+/// operations use.
+pub(crate) const SHRINK_PHASE: u16 = u16::MAX - 3;
 
 /// How long one blocking look for agreement messages lasts before the rank looks at every
 /// member again.
@@ -435,6 +436,17 @@ impl<'a> Agreement<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_membership_phases_are_apart_from_the_other_reserved_phases() {
+        let reserved = [
+            crate::health::GROUP_NOTICE_PHASE,
+            crate::wait_chain::PROBE_PHASE,
+            crate::wait_chain::ANSWER_PHASE,
+        ];
+        assert!(!reserved.contains(&SHRINK_PHASE));
+        assert!(!reserved.contains(&(SHRINK_PHASE - 1)), "the grow phase");
+    }
 
     #[test]
     fn messages_round_trip() {

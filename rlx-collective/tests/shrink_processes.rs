@@ -61,11 +61,20 @@ fn worker(spec: &str) {
     let mut x = [1.0f32; 16];
     let first = group.all_reduce(&mut x, ReduceKind::Sum);
     if rank == FROZEN {
-        // Resumed long after the survivors went on: its all-reduce, its shrink and its sends
-        // must fail, each with a clear error.
+        // Resumed long after the survivors went on. Its all-reduce may still complete, and
+        // then exactly: with a small buffer (recursive doubling) every input it needs may
+        // have reached its socket before it froze, though nobody got its own. Its next
+        // all-reduce, its shrink and its sends must fail, each with a clear error.
+        let later = match first {
+            Ok(()) => {
+                assert_eq!(x, [n as f32; 16], "the frozen rank's all-reduce");
+                group.all_reduce(&mut x, ReduceKind::Sum)
+            }
+            failed => failed,
+        };
         assert!(
-            matches!(&first, Err(e) if e.is_fatal()),
-            "the frozen rank's all-reduce: {first:?}"
+            matches!(&later, Err(e) if e.is_fatal()),
+            "the frozen rank's all-reduce: {later:?}"
         );
         match group.shrink() {
             Err(CollectiveError::GroupFailed {
@@ -127,7 +136,8 @@ impl Drop for Reaper {
     }
 }
 
-/// Reads `child`'s stdout until a line equal to `want`; fails the test past `deadline`.
+/// Reads a rank's stdout until a line ending in `want`, or its end; fails the test past
+/// `deadline`.
 fn expect_line(lines: &mut impl BufRead, want: &str, rank: usize, deadline: Instant) {
     let mut line = String::new();
     loop {
@@ -137,7 +147,10 @@ fn expect_line(lines: &mut impl BufRead, want: &str, rank: usize, deadline: Inst
         );
         line.clear();
         let read = lines.read_line(&mut line).expect("a worker's output");
-        assert!(read > 0, "rank {rank} ended before it printed {want:?}");
+        if read == 0 {
+            // The rank ended early; `finish` reports how, with what it wrote to stderr.
+            return;
+        }
         if line.trim_end().ends_with(want) {
             return;
         }

@@ -13,7 +13,7 @@ use crate::{CollectiveError, Result, Tag};
 
 /// The phase of a group's tag space that carries the leader's growth plan to the members (the
 /// sequence number is the attempt); below the shrink phase.
-const GROW_PHASE: u16 = u16::MAX - 2;
+const GROW_PHASE: u16 = crate::shrink::SHRINK_PHASE - 1;
 
 /// What the leader sends each member in `grow`: the first byte says which.
 const GROWTH_FAILED: u8 = 0;

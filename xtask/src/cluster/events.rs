@@ -72,6 +72,8 @@ pub(crate) enum Event {
         rank: u32,
         /// Size of the grown world.
         members: u32,
+        /// How long its grow (or join) took, in microseconds.
+        micros: u64,
     },
 }
 

@@ -140,8 +140,9 @@ struct RankView {
     log_tail: VecDeque<String>,
     /// Its shrink, once it reported one.
     shrunk: Option<shrink::Shrunk>,
-    /// The size of the grown world it reported being in.
-    grown: Option<u32>,
+    /// The size of the grown world it reported being in, and how long its grow or join took
+    /// (microseconds).
+    grown: Option<(u32, u64)>,
 }
 
 impl RankView {
@@ -545,7 +546,9 @@ impl Monitor {
                 });
                 self.start_replacement(job, fault);
             }
-            Event::Grown { members, .. } => view.grown = Some(members),
+            Event::Grown {
+                members, micros, ..
+            } => view.grown = Some((members, micros)),
         }
     }
 

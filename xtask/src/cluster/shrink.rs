@@ -159,11 +159,16 @@ pub(super) fn judge(
     }
     if rejoin {
         let everyone: Vec<u32> = (0..ranks.len() as u32).collect();
+        let mut grow_micros = Vec::new();
         for &rank in &everyone {
             let view = &ranks[rank as usize];
             match view.grown {
-                Some(size) if size as usize == ranks.len() => {}
-                Some(size) => problems.push(format!(
+                Some((size, micros)) if size as usize == ranks.len() => {
+                    if rank != victim {
+                        grow_micros.push(micros);
+                    }
+                }
+                Some((size, _)) => problems.push(format!(
                     "REJOIN: rank {rank} was in a grown world of {size} ranks, not {}",
                     ranks.len()
                 )),
@@ -185,8 +190,10 @@ pub(super) fn judge(
         }
         let grown_cases: Vec<&MergedCase> = merged.iter().filter(|c| after_grow(c)).collect();
         let passed = check_stage(&grown_cases, &everyone, "grown world", problems);
+        let slowest = grow_micros.iter().max().copied().unwrap_or(0);
         lines.push(format!(
-            "rejoin: rank {victim} came back as a replacement; {passed} of {} cases on the grown {}-rank world passed",
+            "rejoin: rank {victim} came back as a replacement (the survivors' grow took up to {:.1} ms, from its call to the grown world); {passed} of {} cases on the grown {}-rank world passed",
+            slowest as f64 / 1000.0,
             grown_cases.len(),
             ranks.len()
         ));

@@ -157,6 +157,7 @@ impl Reporter {
 /// Runs the rank(s), then waits until the launcher closes stdin.
 pub(crate) fn run(args: &RankArgs) -> Result<(), String> {
     let fault = args.fault.as_deref().map(Fault::from_arg).transpose()?;
+    let joining = Instant::now();
     let groups = if args.join {
         let group = rlx_collective::join().map_err(|e| format!("could not join the job: {e}"))?;
         vec![group]
@@ -191,6 +192,7 @@ pub(crate) fn run(args: &RankArgs) -> Result<(), String> {
             shrink: args.shrink,
             rejoin: args.rejoin,
             join: args.join,
+            joined_micros,
         };
         let keep = Arc::clone(&keep);
         let body = move || {
@@ -226,6 +228,8 @@ struct RankCtx {
     shrink: bool,
     rejoin: bool,
     join: bool,
+    /// How long joining took (for a replacement).
+    joined_micros: u64,
 }
 
 /// The victim's side of a fault: detects the point and carries it out.
@@ -309,6 +313,7 @@ impl RankCtx {
             self.reporter.emit(&Event::Grown {
                 rank,
                 members: self.group.world_size(),
+                micros: self.joined_micros,
             });
         }
         let (group, shrunk) =
@@ -318,6 +323,7 @@ impl RankCtx {
             };
         keep.push(group.clone());
         if self.rejoin && shrunk {
+            let started = Instant::now();
             let grown = match group.grow(1, GROW_WAIT) {
                 Ok(grown) => grown,
                 Err(error) => {
@@ -332,6 +338,7 @@ impl RankCtx {
             self.reporter.emit(&Event::Grown {
                 rank,
                 members: grown.world_size(),
+                micros: started.elapsed().as_micros() as u64,
             });
             counters.next_case.store(GROWN_CASE_BASE, Ordering::SeqCst);
             counters.failed.store(0, Ordering::SeqCst);
