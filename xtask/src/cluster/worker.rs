@@ -169,6 +169,7 @@ pub(crate) fn run(args: &RankArgs) -> Result<(), String> {
     let replaced = std::env::var("RLX_RANK")
         .ok()
         .and_then(|r| r.parse::<u32>().ok());
+    let joined_micros = joining.elapsed().as_micros() as u64;
     let plan = Arc::new(plan(args.iters, args.quick));
     let reporter = Arc::new(Reporter::default());
     // Every rank's group stays here until the process exits, so that a rank that is done
