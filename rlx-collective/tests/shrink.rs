@@ -382,7 +382,7 @@ fn a_stalled_rank_that_wakes_up_is_excluded_and_cannot_reach_the_new_group() {
             let shrink = group.shrink();
             // Whatever it tries to send to a survivor goes nowhere.
             let sent = group.send(0, 5, &[9.0f32]);
-            return Err((late.err(), shrink.err(), sent.err()));
+            return Err(Box::new((late.err(), shrink.err(), sent.err())));
         }
         let mut x = [1.0f32];
         let error = group
@@ -413,7 +413,8 @@ fn a_stalled_rank_that_wakes_up_is_excluded_and_cannot_reach_the_new_group() {
                 assert_eq!(members, [0, 1, 3], "rank {rank}");
                 assert_eq!(y, [3.0; 3], "rank {rank}");
             }
-            Err((late, shrink, sent)) => {
+            Err(stalled) => {
+                let (late, shrink, sent) = *stalled;
                 assert!(
                     late.is_some_and(|e| e.is_fatal()),
                     "the stalled rank's all-reduce"
