@@ -46,12 +46,16 @@ pub fn compiled_backends() -> Vec<&'static str> {
 /// ```
 pub fn init() -> Result<ProcessGroup> {
     crate::install_debug_subscriber();
+    init_backend(&chosen_backend())
+}
+
+/// The backend `RLX_BACKEND` names, or the default one.
+fn chosen_backend() -> String {
     let requested = std::env::var(BACKEND_VAR).ok();
-    let name = match requested.as_deref().map(str::trim) {
+    match requested.as_deref().map(str::trim) {
         Some(name) if !name.is_empty() => name.to_ascii_lowercase(),
         _ => default_backend().to_owned(),
-    };
-    init_backend(&name)
+    }
 }
 
 /// Joins a running job from the environment, as a replacement or an extra process: reaches
@@ -72,12 +76,7 @@ pub fn init() -> Result<ProcessGroup> {
 /// ```
 pub fn join() -> Result<ProcessGroup> {
     crate::install_debug_subscriber();
-    let requested = std::env::var(BACKEND_VAR).ok();
-    let name = match requested.as_deref().map(str::trim) {
-        Some(name) if !name.is_empty() => name.to_ascii_lowercase(),
-        _ => default_backend().to_owned(),
-    };
-    match name.as_str() {
+    match chosen_backend().as_str() {
         "tcp" => join_tcp(),
         other => Err(CollectiveError::unsupported(format!(
             "joining a running job over {BACKEND_VAR}={other}: only the tcp backend admits \

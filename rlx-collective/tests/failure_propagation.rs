@@ -290,41 +290,22 @@ mod tcp {
     use super::*;
 
     use std::io::{BufRead, BufReader, Read, Write};
-    use std::process::{Child, Command, Stdio};
+    use std::process::Child;
+
+    use common::Reaper;
 
     use rlx_net::TcpTransport;
 
     /// The TCP transport of `rank` in an `n`-rank world whose rendezvous is on `port`.
     fn tcp_rank(rank: u32, n: u32, port: u16) -> Result<TcpTransport, CollectiveError> {
-        TcpTransport::builder()
-            .rank(rank)
-            .world_size(n)
-            .master("127.0.0.1", port)
-            .op_timeout(OP_TIMEOUT)
-            .connect_timeout(Duration::from_secs(30))
-            .build()
-    }
-
-    fn free_port() -> u16 {
-        rlx_transport::ports::free_loopback_ports(1).expect("a free loopback port")[0]
+        common::loopback_builder(rank, n, port, OP_TIMEOUT).build()
     }
 
     /// An `n`-rank TCP world on loopback, one transport per thread of this process.
     fn tcp_world(n: u32) -> Vec<ProcessGroup> {
-        let port = free_port();
-        let builders: Vec<_> = (0..n)
-            .map(|rank| thread::spawn(move || tcp_rank(rank, n, port)))
-            .collect();
-        builders
-            .into_iter()
-            .map(|b| {
-                let transport = b
-                    .join()
-                    .expect("the builder thread")
-                    .expect("a loopback world");
-                ProcessGroup::new(Arc::new(transport) as Arc<dyn Transport>)
-            })
-            .collect()
+        common::tcp_world(n, common::free_port(), |rank, n, port| {
+            common::loopback_builder(rank, n, port, OP_TIMEOUT)
+        })
     }
 
     /// Set in a re-executed copy of this test binary: `rank,world,port` of the rank it runs.
@@ -382,18 +363,6 @@ mod tcp {
         );
     }
 
-    /// Children killed and reaped when the test ends, however it ends.
-    struct Reaper(Vec<Child>);
-
-    impl Drop for Reaper {
-        fn drop(&mut self) {
-            for child in &mut self.0 {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-    }
-
     /// Waits, until `deadline`, for `child` to exit; returns whether it succeeded and what it
     /// wrote.
     fn finish(child: &mut Child, deadline: Instant) -> (bool, String) {
@@ -434,25 +403,12 @@ mod tcp {
             worker(&spec);
             return;
         }
-        let exe = std::env::current_exe().expect("this test binary");
         for n in 2..=8u32 {
-            let port = free_port();
+            let port = common::free_port();
             let mut reaper = Reaper(Vec::new());
             for rank in 0..n {
-                let child = Command::new(&exe)
-                    .args([
-                        PROCESS_TEST,
-                        "--exact",
-                        "--nocapture",
-                        "--test-threads",
-                        "1",
-                    ])
-                    .env(WORKER, format!("{rank},{n},{port}"))
-                    .stdin(Stdio::piped())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .expect("a worker process");
+                let child =
+                    common::spawn_worker(PROCESS_TEST, WORKER, format!("{rank},{n},{port}"));
                 reaper.0.push(child);
             }
             let deadline = Instant::now() + PROCESS_BOUND;

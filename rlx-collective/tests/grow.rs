@@ -154,30 +154,13 @@ mod tcp {
             .job_secret(secret.as_bytes().to_vec())
     }
 
-    fn tcp_world(n: u32, port: u16) -> Vec<ProcessGroup> {
-        let builders: Vec<_> = (0..n)
-            .map(|rank| {
-                thread::spawn(move || builder(port, "s3cret").rank(rank).world_size(n).build())
-            })
-            .collect();
-        builders
-            .into_iter()
-            .map(|b| {
-                let t = b.join().expect("a builder").expect("a loopback world");
-                ProcessGroup::new(Arc::new(t) as Arc<dyn Transport>)
-            })
-            .collect()
-    }
-
-    fn free_port() -> u16 {
-        rlx_transport::ports::free_loopback_ports(1).expect("a free port")[0]
-    }
-
     #[test]
     fn tcp_a_joiner_restores_a_shrunk_world_of_four_even_without_rank_0() {
         for victim in [2, 0] {
-            let port = free_port();
-            let groups = tcp_world(4, port);
+            let port = common::free_port();
+            let groups = common::tcp_world(4, port, |rank, n, port| {
+                builder(port, "s3cret").rank(rank).world_size(n)
+            });
             // A stranger with the wrong secret comes first: it is refused, and the members
             // go on waiting for the real joiner, who comes after it.
             let newcomer = thread::spawn(move || {

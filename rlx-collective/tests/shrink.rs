@@ -41,7 +41,7 @@ fn trial(
     after: usize,
 ) -> (Vec<Outcome>, Instant) {
     let steps = plan(seed, 12);
-    let mut rng = Rng(seed ^ 0xA5A5);
+    let mut rng = Rng::seeded(seed ^ 0xA5A5);
     let kill_at = rng.below(8) as usize;
     let delay = Duration::from_micros(rng.below(400));
     let killed_at = Arc::new(Mutex::new(None::<Instant>));
@@ -130,7 +130,7 @@ fn kill_trials(
 ) {
     let mut times = Vec::new();
     for seed in 0..trials {
-        let mut rng = Rng(seed.wrapping_mul(31).wrapping_add(u64::from(n)));
+        let mut rng = Rng::seeded(seed.wrapping_mul(31).wrapping_add(u64::from(n)));
         let mut victims = Vec::new();
         while victims.len() < kills as usize {
             let v = rng.below(u64::from(n)) as u32;
@@ -436,30 +436,11 @@ fn a_stalled_rank_that_wakes_up_is_excluded_and_cannot_reach_the_new_group() {
 #[cfg(feature = "tcp")]
 mod tcp {
     use super::*;
-    use rlx_net::TcpTransport;
 
     fn tcp_world(n: u32) -> Vec<ProcessGroup> {
-        let port = rlx_transport::ports::free_loopback_ports(1).expect("a free port")[0];
-        let builders: Vec<_> = (0..n)
-            .map(|rank| {
-                thread::spawn(move || {
-                    TcpTransport::builder()
-                        .rank(rank)
-                        .world_size(n)
-                        .master("127.0.0.1", port)
-                        .op_timeout(OP_TIMEOUT)
-                        .connect_timeout(Duration::from_secs(30))
-                        .build()
-                })
-            })
-            .collect();
-        builders
-            .into_iter()
-            .map(|b| {
-                let t = b.join().expect("a builder").expect("a loopback world");
-                ProcessGroup::new(Arc::new(t) as Arc<dyn Transport>)
-            })
-            .collect()
+        common::tcp_world(n, common::free_port(), |rank, n, port| {
+            common::loopback_builder(rank, n, port, OP_TIMEOUT)
+        })
     }
 
     #[test]

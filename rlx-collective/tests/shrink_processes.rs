@@ -15,14 +15,14 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::Reaper;
 use common::checked::{plan, run_checked};
 use rlx_collective::{CollectiveError, FatalCause, ProcessGroup, ReduceKind, Tag, Transport};
-use rlx_net::TcpTransport;
 
 /// Set in a re-executed copy of this test binary: `rank,world,port` of the rank it runs.
 const WORKER: &str = "RLX_SHRINK_PROCESS_WORKER";
@@ -43,12 +43,8 @@ fn worker(spec: &str) {
     let [rank, n, port] = fields[..] else {
         panic!("worker spec {spec:?} is not rank,world,port")
     };
-    let transport = TcpTransport::builder()
-        .rank(rank)
-        .world_size(n)
-        .master("127.0.0.1", u16::try_from(port).expect("a port"))
-        .op_timeout(OP_TIMEOUT)
-        .connect_timeout(Duration::from_secs(30))
+    let port = u16::try_from(port).expect("a port");
+    let transport = common::loopback_builder(rank, n, port, OP_TIMEOUT)
         .build()
         .expect("a loopback world");
     let group = ProcessGroup::new(Arc::new(transport) as Arc<dyn Transport>);
@@ -121,21 +117,6 @@ fn worker(spec: &str) {
     println!("done");
 }
 
-/// Children killed and reaped when the test ends, however it ends.
-struct Reaper(Vec<Child>);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = Command::new("kill")
-                .args(["-CONT", &child.id().to_string()])
-                .status();
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 /// Reads a rank's stdout until a line ending in `want`, or its end; fails the test past
 /// `deadline`.
 fn expect_line(lines: &mut impl BufRead, want: &str, rank: usize, deadline: Instant) {
@@ -188,25 +169,13 @@ fn a_sigstopped_rank_is_excluded_and_fails_when_it_resumes() {
     }
     let n = 4u32;
     let port = rlx_transport::ports::free_loopback_ports(1).expect("a free port")[0];
-    let exe = std::env::current_exe().expect("this test binary");
     let deadline = Instant::now() + BOUND;
     let mut reaper = Reaper(Vec::new());
     for rank in 0..n {
-        let child = Command::new(&exe)
-            .args([
-                PROCESS_TEST,
-                "--exact",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
-            .env(WORKER, format!("{rank},{n},{port}"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("a worker process");
-        reaper.0.push(child);
+        let spec = format!("{rank},{n},{port}");
+        reaper
+            .0
+            .push(common::spawn_worker(PROCESS_TEST, WORKER, spec));
     }
     let mut outputs: Vec<_> = reaper
         .0

@@ -9,20 +9,32 @@ use half::{bf16, f16};
 
 use crate::{DType, ReduceKind};
 
-/// The SplitMix64 generator: tiny, fast and good enough to make test data look random.
+/// The SplitMix64 generator: tiny, fast and good enough to make test data look random (and
+/// to draw seeded test plans: a failing trial replays from its seed).
 #[derive(Clone, Debug)]
-pub(crate) struct SplitMix(u64);
+pub struct SplitMix(u64);
 
 impl SplitMix {
+    /// The generator seeded with `seed` alone.
+    pub fn seeded(seed: u64) -> Self {
+        SplitMix(seed)
+    }
+
+    /// Uniform in `0..n` (`0` when `n` is 0), up to a negligible modulo bias.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+
     pub(crate) fn new(seed: u64, case: u64, rank: u32) -> Self {
         let mut g = SplitMix(seed ^ case.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         g.0 ^= g
-            .next()
+            .next_u64()
             .wrapping_add(u64::from(rank).wrapping_mul(0xD1B5_4A32_D192_ED03));
         g
     }
 
-    pub(crate) fn next(&mut self) -> u64 {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -32,7 +44,7 @@ impl SplitMix {
 
     /// Uniform in [0, 1).
     fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 
@@ -51,7 +63,7 @@ pub(crate) fn input(
     let product = reduce == Some(ReduceKind::Product);
     let sums = matches!(reduce, Some(ReduceKind::Sum | ReduceKind::Mean));
     for _ in 0..count {
-        let bits = g.next();
+        let bits = g.next_u64();
         if dtype.is_float() {
             let x = if product {
                 // Magnitudes in [0.5, 2) keep a product of up to 16 factors finite in f16.

@@ -45,6 +45,7 @@
 //! [`MemTransport`]: crate::MemTransport
 
 mod data;
+pub use data::SplitMix;
 pub mod reference;
 
 use std::fmt;

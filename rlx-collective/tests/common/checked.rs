@@ -3,22 +3,8 @@
 
 use rlx_collective::{CollectiveError, ProcessGroup, ReduceKind};
 
-/// A small deterministic generator (splitmix64), so a failing trial can be replayed by seed.
-pub(crate) struct Rng(pub(crate) u64);
-
-impl Rng {
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+/// The seeded generator of the trials (so a failing trial can be replayed by seed).
+pub(crate) use rlx_collective::conformance::SplitMix as Rng;
 
 /// The collectives a trial draws from.
 pub(crate) const OPS: [&str; 6] = [
@@ -90,7 +76,7 @@ pub(crate) fn run_checked(
 
 /// The sequence of (collective, element count) every rank of a trial runs.
 pub(crate) fn plan(seed: u64, steps: usize) -> Vec<(&'static str, usize)> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::seeded(seed);
     let counts = [0usize, 1, 7, 97, 1024, 4099];
     (0..steps)
         .map(|_| {

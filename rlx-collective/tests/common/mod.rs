@@ -54,3 +54,79 @@ where
         })
         .collect()
 }
+
+/// Children killed and reaped when a test ends, however it ends (a frozen one is resumed
+/// first, so that the kill is not left pending).
+pub(crate) struct Reaper(pub(crate) Vec<std::process::Child>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = std::process::Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Starts this test binary again to run only `test`, with `var=spec` telling the copy which
+/// rank it is; its standard streams are piped.
+pub(crate) fn spawn_worker(test: &str, var: &str, spec: String) -> std::process::Child {
+    use std::process::{Command, Stdio};
+    let exe = std::env::current_exe().expect("this test binary");
+    Command::new(exe)
+        .args([test, "--exact", "--nocapture", "--test-threads", "1"])
+        .env(var, spec)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("a worker process")
+}
+
+/// A free loopback port for a rendezvous.
+pub(crate) fn free_port() -> u16 {
+    rlx_transport::ports::free_loopback_ports(1).expect("a free loopback port")[0]
+}
+
+/// The builder of `rank` of an `n`-rank loopback world whose rendezvous is on `port`, with
+/// operation timeout `op_timeout` (and 30 s to connect).
+#[cfg(feature = "tcp")]
+pub(crate) fn loopback_builder(
+    rank: u32,
+    n: u32,
+    port: u16,
+    op_timeout: Duration,
+) -> rlx_net::TcpTransportBuilder {
+    rlx_net::TcpTransport::builder()
+        .rank(rank)
+        .world_size(n)
+        .master("127.0.0.1", port)
+        .op_timeout(op_timeout)
+        .connect_timeout(Duration::from_secs(30))
+}
+
+/// An `n`-rank TCP world on loopback with its rendezvous on `port`, one transport per thread
+/// of this process, each built by `builder(rank, n, port)`.
+#[cfg(feature = "tcp")]
+pub(crate) fn tcp_world(
+    n: u32,
+    port: u16,
+    builder: fn(u32, u32, u16) -> rlx_net::TcpTransportBuilder,
+) -> Vec<ProcessGroup> {
+    let builders: Vec<_> = (0..n)
+        .map(|rank| std::thread::spawn(move || builder(rank, n, port).build()))
+        .collect();
+    builders
+        .into_iter()
+        .map(|b| {
+            let transport = b
+                .join()
+                .expect("the builder thread")
+                .expect("a loopback world");
+            ProcessGroup::new(Arc::new(transport) as Arc<dyn Transport>)
+        })
+        .collect()
+}
