@@ -136,12 +136,11 @@ impl Hub {
         self.wake();
     }
 
-    /// Excludes `peer` for good: marks it lost with `lost`, drops what it queued, shuts its
-    /// connections down (so it sees this rank as lost) and wakes everyone.
-    pub(crate) fn exclude<L: Links>(&self, links: &L, peer: u32, lost: Lost) {
+    /// Excludes `peer` for good: marks it lost with `lost`, drops what it queued and wakes
+    /// everyone. The caller closes the connections' sending side.
+    pub(crate) fn exclude(&self, peer: u32, lost: Lost) {
         tracing::warn!(peer, "peer excluded: declared dead by this rank");
         lock(&self.state).exclude(peer, lost);
-        links.shut_down(peer);
         self.wake();
     }
 

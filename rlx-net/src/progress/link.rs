@@ -141,4 +141,12 @@ impl PeerIo {
             let _ = link.stream.shutdown(Shutdown::Both);
         }
     }
+
+    /// Closes the sending side of every link: the peer reads what was sent, then the end of
+    /// the stream.
+    pub(super) fn shutdown_write(&self) {
+        for link in &self.links {
+            let _ = link.stream.shutdown(Shutdown::Write);
+        }
+    }
 }

@@ -157,7 +157,8 @@ impl Engine {
     }
 
     /// Declares `peer` dead for good (see `Transport::exclude_peer`): tells it so when its
-    /// socket takes the notice at once, then drops what it queued and shuts its links down.
+    /// socket takes the notice at once, then drops what it queued and closes the sending side
+    /// of its links.
     pub(crate) fn exclude(&self, peer: u32) -> Result<(), CollectiveError> {
         if peer == self.rank {
             return Err(CollectiveError::invalid(format!(
@@ -168,12 +169,16 @@ impl Engine {
         self.tell_excluded(peer, io);
         let addr = io.addr.as_str();
         self.hub.exclude(
-            self,
             peer,
             Lost::Gone(format!(
                 "rank {peer} at {addr} was declared dead by this rank"
             )),
         );
+        // Only the sending side closes: the peer reads the notice, then the end of the
+        // stream. Closing the receiving side too would answer whatever it still sends with a
+        // reset, which can discard the notice before it is read; what it sends now stays
+        // unread in this socket until the transport closes.
+        io.shutdown_write();
         Ok(())
     }
 
