@@ -72,6 +72,7 @@ mod all_reduce;
 mod all_to_all;
 mod barrier;
 mod broadcast;
+mod compression;
 pub mod conformance;
 mod debug_log;
 mod federated;
@@ -91,6 +92,7 @@ mod scatter;
 pub mod select;
 mod split;
 
+pub use compression::{Compression, Compressor, INT8_BLOCK};
 pub use debug_log::{DEBUG_VAR, PREFIXED_VAR, install_debug_subscriber};
 pub use group::{ProcessGroup, WORLD_GROUP_ID};
 pub use handle::{AllReduceHandle, CollectiveHandle};

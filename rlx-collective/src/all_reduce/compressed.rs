@@ -1,0 +1,425 @@
+//! Compressed all-reduce of f32 values: a segmented ring whose reduce-scatter hops carry
+//! compressed partial sums and whose all-gather forwards the owners' compressed final blocks
+//! unchanged, with error feedback through the caller's [`Compressor`].
+//!
+//! Schedule, per pipeline segment (the block arithmetic of `reduce_scatter::ring` and
+//! `all_gather::ring`, from [`layout`]):
+//! - Reduce-scatter: at step 0 rank `r` compresses its contribution (its elements plus its
+//!   residual) of block `r-1` and sends it to `r+1`; at every step it decompresses the partial
+//!   that arrives from `r-1`, adds its own contribution in f32 and compresses the sum again for
+//!   the next hop. At the last step the sum is block `r`'s final value, which `r` compresses
+//!   once more.
+//! - All-gather: that final frame goes around the ring as it is; every rank, `r` included,
+//!   decompresses the same bytes, so every rank ends with bit-identical results (`Mean` then
+//!   divides each decompressed value by n, also on every rank alike).
+//!
+//! So every rank sends 2(n-1)/n of the compressed buffer, the bandwidth optimum of the format.
+//!
+//! Error feedback: each rank compresses each element once per call (its first hop, a forwarded
+//! partial, or its own final block) and keeps `value - decompressed` in the [`Compressor`]'s
+//! residual; the next call adds the residual to the rank's contribution. The errors of every
+//! compression thus re-enter the sum one call later, and the outputs of K calls on fixed inputs
+//! average to the exact sum up to the last residual over K.
+//!
+//! Agreement: before any frame, a header (format, reduction, element count, int8 block size)
+//! goes around the ring in n-1 steps, so every rank sees every other rank's header and a rank
+//! that passed another format, reduction or length fails the call with
+//! [`CollectiveError::InvalidArgument`] or [`CollectiveError::LengthMismatch`] on every rank
+//! (each finds it itself) rather than decoding frames as garbage. It costs n-1 hops of
+//! 20-byte messages, which is small next to the buffers compression pays off for. The header
+//! uses only ring neighbours, like the data, so it runs on every transport.
+//!
+//! Frames are then fixed by the agreed header: a frame of another length, or an int8 frame
+//! with a NaN, infinite or negative scale, is [`CollectiveError::Protocol`] naming the sender.
+
+use crate::compression::{self, Compression, Compressor, INT8_BLOCK};
+use crate::layout::{self, Blocks};
+use crate::op::OpCtx;
+use crate::{CollectiveError, DType, ReduceKind, Result};
+
+/// Bytes of the agreement header.
+const HEADER_BYTES: usize = 20;
+
+/// Version of the header and frame layout.
+const VERSION: u8 = 1;
+
+/// What every rank must agree on, as the header carries it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Header {
+    /// The group rank whose call this header describes.
+    origin: u32,
+    compression: Compression,
+    reduce: ReduceKind,
+    count: u64,
+}
+
+impl Header {
+    fn encode(self) -> [u8; HEADER_BYTES] {
+        let mut out = [0u8; HEADER_BYTES];
+        out[0] = VERSION;
+        out[1] = self.compression.code();
+        out[2] = self.reduce.code();
+        out[4..8].copy_from_slice(&(INT8_BLOCK as u32).to_le_bytes());
+        out[8..12].copy_from_slice(&self.origin.to_le_bytes());
+        out[12..20].copy_from_slice(&self.count.to_le_bytes());
+        out
+    }
+
+    /// Decodes a header that world rank `peer` sent; a malformed one is a protocol error.
+    fn decode(bytes: &[u8], peer: u32, group_size: u32) -> Result<Header> {
+        let bad = |what: String| CollectiveError::protocol(Some(peer), what);
+        let bytes: &[u8; HEADER_BYTES] = bytes.try_into().map_err(|_| {
+            bad(format!(
+                "compressed all-reduce header of {} bytes, expected {HEADER_BYTES}",
+                bytes.len()
+            ))
+        })?;
+        let word = |at: usize| {
+            u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+        };
+        if bytes[0] != VERSION {
+            return Err(bad(format!(
+                "compressed all-reduce header version {}, expected {VERSION}",
+                bytes[0]
+            )));
+        }
+        let compression = Compression::from_code(bytes[1])
+            .ok_or_else(|| bad(format!("unknown compression code {}", bytes[1])))?;
+        let reduce = ReduceKind::ALL
+            .into_iter()
+            .find(|kind| kind.code() == bytes[2])
+            .ok_or_else(|| bad(format!("unknown reduction code {}", bytes[2])))?;
+        if word(4) as usize != INT8_BLOCK {
+            return Err(bad(format!(
+                "int8 blocks of {} elements, expected {INT8_BLOCK}",
+                word(4)
+            )));
+        }
+        let origin = word(8);
+        if origin >= group_size {
+            return Err(bad(format!(
+                "header of rank {origin} in a group of {group_size}"
+            )));
+        }
+        let mut count = [0u8; 8];
+        count.copy_from_slice(&bytes[12..20]);
+        Ok(Header {
+            origin,
+            compression,
+            reduce,
+            count: u64::from_le_bytes(count),
+        })
+    }
+
+    /// Why `theirs` cannot be reduced with this rank's call, if it cannot.
+    fn disagreement(&self, theirs: &Header, name: impl Fn(u32) -> u32) -> Option<CollectiveError> {
+        let who = name(theirs.origin);
+        if theirs.compression != self.compression {
+            Some(CollectiveError::invalid(format!(
+                "peer rank {who} compresses with {}, this rank with {}",
+                theirs.compression, self.compression
+            )))
+        } else if theirs.reduce != self.reduce {
+            Some(CollectiveError::invalid(format!(
+                "peer rank {who} reduces with {}, this rank with {}",
+                theirs.reduce, self.reduce
+            )))
+        } else if theirs.count != self.count {
+            Some(CollectiveError::LengthMismatch {
+                expected: self.count.saturating_mul(4),
+                got: theirs.count.saturating_mul(4),
+            })
+        } else {
+            None
+        }
+    }
+}
+
+/// All-reduces `data` in place with the compression and residual of `compressor`.
+pub(crate) fn run(
+    ctx: &OpCtx<'_>,
+    data: &mut [f32],
+    reduce: ReduceKind,
+    compressor: &mut Compressor,
+) -> Result<()> {
+    ctx.start(DType::F32, std::mem::size_of_val(data))?;
+    compressor.set_wire_bytes(0);
+    if !matches!(reduce, ReduceKind::Sum | ReduceKind::Mean) {
+        return Err(CollectiveError::invalid(format!(
+            "all_reduce_compressed reduces with sum or mean, not {reduce}"
+        )));
+    }
+    let compression = compressor.compression();
+    let n = ctx.size() as usize;
+    if n == 1 {
+        return Ok(());
+    }
+    ctx.record_algorithm(ring_name(compression));
+    let residual = compressor.residual_for(data.len())?;
+    let blocks = Blocks::Balanced {
+        count: data.len(),
+        parts: n,
+    };
+    let segment_elems = ctx.settings.segment_bytes(std::mem::size_of_val(data), 4) / 4;
+    let segments = layout::segment_count(blocks.max_len(), segment_elems);
+    let ring = Ring {
+        ctx,
+        compression,
+        reduce,
+        n,
+        r: ctx.rank as usize,
+        blocks,
+        segments,
+        sent: std::cell::Cell::new(0),
+    };
+    let header = Header {
+        origin: ctx.rank,
+        compression,
+        reduce,
+        count: data.len() as u64,
+    };
+    let result = ring
+        .agree(header)
+        .and_then(|()| ring.reduce(data, residual));
+    let sent = ring.sent.get();
+    compressor.set_wire_bytes(sent);
+    if result.is_err() {
+        // The residual may hold this call's errors for some elements and the last call's for
+        // others; starting afresh is the only state that means something.
+        compressor.reset();
+    }
+    result
+}
+
+/// The algorithm name in the flight recorder and traces.
+fn ring_name(compression: Compression) -> &'static str {
+    match compression {
+        Compression::Bf16 => "compressed_ring_bf16",
+        Compression::Fp16 => "compressed_ring_fp16",
+        Compression::Int8 => "compressed_ring_int8",
+        Compression::None => "compressed_ring_none",
+    }
+}
+
+/// The fixed parameters of one compressed all-reduce.
+struct Ring<'c, 'a> {
+    ctx: &'c OpCtx<'a>,
+    compression: Compression,
+    reduce: ReduceKind,
+    /// Group size and this rank.
+    n: usize,
+    r: usize,
+    blocks: Blocks,
+    segments: usize,
+    /// Bytes this rank sent so far.
+    sent: std::cell::Cell<u64>,
+}
+
+/// The per-segment buffers: two frames (the one being sent, the one arriving), the f32 sum
+/// of the segment and its decompressed image.
+struct Scratch {
+    send: Vec<u32>,
+    recv: Vec<u32>,
+    sum: Vec<f32>,
+    image: Vec<f32>,
+}
+
+impl Ring<'_, '_> {
+    fn next(&self) -> u32 {
+        ((self.r + 1) % self.n) as u32
+    }
+
+    fn prev(&self) -> u32 {
+        ((self.r + self.n - 1) % self.n) as u32
+    }
+
+    /// The bytes on the wire of `frame`, which holds `elements` values.
+    fn wire<'f>(&self, frame: &'f [u32], elements: usize) -> &'f [u8] {
+        &bytemuck::cast_slice::<u32, u8>(frame)[..self.compression.frame_bytes(elements)]
+    }
+
+    fn send(&self, bytes: &[u8]) -> Result<()> {
+        self.ctx.send(self.next(), bytes)?;
+        self.sent.set(self.sent.get() + bytes.len() as u64);
+        Ok(())
+    }
+
+    /// Passes the headers around the ring: at step `s` this rank forwards the header of rank
+    /// `r-s` and receives that of `r-s-1`, so after n-1 steps it has checked every other
+    /// rank's. A disagreement is reported after the last step, so that every rank gets to see
+    /// every header and finds the disagreement itself.
+    fn agree(&self, mine: Header) -> Result<()> {
+        let prev_world = self.ctx.world_rank(self.prev())?;
+        let name = |rank: u32| self.ctx.world_rank(rank).unwrap_or(rank);
+        let mut forward = mine;
+        let mut disagreement = None;
+        for step in 0..self.n - 1 {
+            self.send(&forward.encode())?;
+            let bytes = self
+                .ctx
+                .recv_within(self.prev(), self.ctx.timeout())?
+                .ok_or_else(|| self.ctx.timed_out(prev_world, self.ctx.timeout()))?;
+            let theirs = Header::decode(&bytes, prev_world, self.n as u32)?;
+            let expected_origin = ((self.r + 2 * self.n - step - 1) % self.n) as u32;
+            if theirs.origin != expected_origin {
+                return Err(CollectiveError::protocol(
+                    Some(prev_world),
+                    format!(
+                        "header of rank {} where rank {expected_origin}'s was due",
+                        theirs.origin
+                    ),
+                ));
+            }
+            if disagreement.is_none() {
+                disagreement = mine.disagreement(&theirs, name);
+            }
+            forward = theirs;
+        }
+        match disagreement {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    /// Receives the frame of `elements` values from the previous rank into `frame`.
+    fn recv_frame(&self, frame: &mut [u32], elements: usize) -> Result<()> {
+        let bytes = self.compression.frame_bytes(elements);
+        let view = &mut bytemuck::cast_slice_mut::<u32, u8>(frame)[..bytes];
+        match self.ctx.recv_into(self.prev(), view) {
+            // The header fixed every frame's length, so another length is malformed.
+            Err(CollectiveError::LengthMismatch { expected, got }) => {
+                let peer = self.ctx.world_rank(self.prev())?;
+                Err(CollectiveError::protocol(
+                    Some(peer),
+                    format!(
+                        "{} frame of {got} bytes where {expected} were due",
+                        self.compression
+                    ),
+                ))
+            }
+            other => other,
+        }
+    }
+
+    /// Compresses `sum` into `frame`, leaves its decompressed image in `image` and the
+    /// compression error in `residual`.
+    fn compress(
+        &self,
+        sum: &[f32],
+        frame: &mut [u32],
+        image: &mut [f32],
+        residual: &mut [f32],
+    ) -> Result<()> {
+        self.compression.encode(sum, frame)?;
+        let me = self.ctx.world_rank(self.ctx.rank)?;
+        self.compression.decode(frame, image, me)?;
+        for ((error, &exact), &sent) in residual.iter_mut().zip(sum).zip(image.iter()) {
+            let e = exact - sent;
+            // An infinite or NaN input has no finite error to carry into the next call.
+            *error = if e.is_finite() { e } else { 0.0 };
+        }
+        Ok(())
+    }
+
+    /// Decompresses the final `frame` of a block into `out`, the result of this call.
+    fn finish(&self, frame: &[u32], out: &mut [f32]) -> Result<()> {
+        let peer = self.ctx.world_rank(self.prev())?;
+        self.compression.decode(frame, out, peer)?;
+        self.scale(out);
+        Ok(())
+    }
+
+    /// Turns decompressed sums into the result of the reduction (divides by n for `Mean`).
+    fn scale(&self, out: &mut [f32]) {
+        if self.reduce == ReduceKind::Mean {
+            let n = self.n as f32;
+            for x in out {
+                *x /= n;
+            }
+        }
+    }
+
+    /// The whole schedule of the module docs, one segment at a time.
+    fn reduce(&self, data: &mut [f32], residual: &mut [f32]) -> Result<()> {
+        let (n, r, blocks, segments) = (self.n, self.r, self.blocks, self.segments);
+        let longest = blocks.max_len().div_ceil(segments);
+        let words = compression::frame_words(self.compression, longest);
+        let mut s = Scratch {
+            send: vec![0; words],
+            recv: vec![0; words],
+            sum: vec![0.0; longest],
+            image: vec![0.0; longest],
+        };
+        for segment in 0..segments {
+            for step in 0..n - 1 {
+                let (send_block, recv_block) = layout::reduce_scatter_step(r, n, step);
+                let send_range = blocks.segment(send_block, segments, segment);
+                let len = send_range.len();
+                if step == 0 {
+                    let sum = &mut s.sum[..len];
+                    add_contribution(
+                        sum,
+                        &data[send_range.clone()],
+                        &residual[send_range.clone()],
+                        false,
+                    );
+                    self.compress(
+                        sum,
+                        &mut s.send,
+                        &mut s.image[..len],
+                        &mut residual[send_range],
+                    )?;
+                }
+                self.send(self.wire(&s.send, len))?;
+
+                let recv_range = blocks.segment(recv_block, segments, segment);
+                let len = recv_range.len();
+                self.recv_frame(&mut s.recv, len)?;
+                let prev = self.ctx.world_rank(self.prev())?;
+                let sum = &mut s.sum[..len];
+                self.compression.decode(&s.recv, sum, prev)?;
+                add_contribution(
+                    sum,
+                    &data[recv_range.clone()],
+                    &residual[recv_range.clone()],
+                    true,
+                );
+                let image = &mut s.image[..len];
+                self.compress(sum, &mut s.recv, image, &mut residual[recv_range.clone()])?;
+                if step == n - 2 {
+                    // This rank's own block: its result is the image of the frame every other
+                    // rank will decompress.
+                    let out = &mut data[recv_range];
+                    out.copy_from_slice(image);
+                    self.scale(out);
+                }
+                std::mem::swap(&mut s.send, &mut s.recv);
+            }
+            for step in 0..n - 1 {
+                let (send_block, recv_block) = layout::all_gather_step(r, n, step);
+                let len = blocks.segment(send_block, segments, segment).len();
+                self.send(self.wire(&s.send, len))?;
+                let recv_range = blocks.segment(recv_block, segments, segment);
+                self.recv_frame(&mut s.recv, recv_range.len())?;
+                self.finish(&s.recv, &mut data[recv_range])?;
+                std::mem::swap(&mut s.send, &mut s.recv);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Adds this rank's contribution (its elements plus its residual) to `sum`, or stores it
+/// there when `accumulate` is false.
+fn add_contribution(sum: &mut [f32], own: &[f32], residual: &[f32], accumulate: bool) {
+    let terms = sum.iter_mut().zip(own).zip(residual);
+    if accumulate {
+        for ((s, &x), &e) in terms {
+            *s += x + e;
+        }
+    } else {
+        for ((s, &x), &e) in terms {
+            *s = x + e;
+        }
+    }
+}
