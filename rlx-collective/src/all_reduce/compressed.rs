@@ -32,7 +32,7 @@
 //! Frames are then fixed by the agreed header: a frame of another length, or an int8 frame
 //! with a NaN, infinite or negative scale, is [`CollectiveError::Protocol`] naming the sender.
 
-use crate::compression::{self, Compression, Compressor, INT8_BLOCK};
+use crate::compression::{Compression, Compressor, INT8_BLOCK};
 use crate::layout::{self, Blocks};
 use crate::op::OpCtx;
 use crate::{CollectiveError, DType, ReduceKind, Result};
@@ -312,7 +312,7 @@ impl Ring<'_, '_> {
     ) -> Result<()> {
         self.compression.encode(sum, frame)?;
         let me = self.ctx.world_rank(self.ctx.rank)?;
-        self.compression.decode(frame, image, me)?;
+        self.compression.decode(frame, image, Some(me))?;
         for ((error, &exact), &sent) in residual.iter_mut().zip(sum).zip(image.iter()) {
             let e = exact - sent;
             // An infinite or NaN input has no finite error to carry into the next call.
@@ -324,7 +324,7 @@ impl Ring<'_, '_> {
     /// Decompresses the final `frame` of a block into `out`, the result of this call.
     fn finish(&self, frame: &[u32], out: &mut [f32]) -> Result<()> {
         let peer = self.ctx.world_rank(self.prev())?;
-        self.compression.decode(frame, out, peer)?;
+        self.compression.decode(frame, out, Some(peer))?;
         self.scale(out);
         Ok(())
     }
@@ -343,7 +343,7 @@ impl Ring<'_, '_> {
     fn reduce(&self, data: &mut [f32], residual: &mut [f32]) -> Result<()> {
         let (n, r, blocks, segments) = (self.n, self.r, self.blocks, self.segments);
         let longest = blocks.max_len().div_ceil(segments);
-        let words = compression::frame_words(self.compression, longest);
+        let words = self.compression.frame_words(longest);
         let mut s = Scratch {
             send: vec![0; words],
             recv: vec![0; words],
@@ -377,7 +377,7 @@ impl Ring<'_, '_> {
                 self.recv_frame(&mut s.recv, len)?;
                 let prev = self.ctx.world_rank(self.prev())?;
                 let sum = &mut s.sum[..len];
-                self.compression.decode(&s.recv, sum, prev)?;
+                self.compression.decode(&s.recv, sum, Some(prev))?;
                 add_contribution(
                     sum,
                     &data[recv_range.clone()],
