@@ -160,7 +160,12 @@ pub(crate) fn run(
         count: data.len(),
         parts: n,
     };
-    let segment_elems = ctx.settings.segment_bytes(std::mem::size_of_val(data), 4) / 4;
+    // Frames of at most half a segment (see `Ring::reduce`).
+    let segment_bytes = ctx.settings.segment_bytes(std::mem::size_of_val(data), 4);
+    let mut segment_elems = (segment_bytes / 4).max(1);
+    while segment_elems > 1 && 2 * compression.frame_bytes(segment_elems) > segment_bytes {
+        segment_elems /= 2;
+    }
     let segments = layout::segment_count(blocks.max_len(), segment_elems);
     let ring = Ring {
         ctx,
@@ -215,11 +220,9 @@ struct Ring<'c, 'a> {
     sent: std::cell::Cell<u64>,
 }
 
-/// The per-segment buffers: two frames (the one being sent, the one arriving), the f32 sum
-/// of the segment and its decompressed image.
-struct Scratch {
-    send: Vec<u32>,
-    recv: Vec<u32>,
+/// The f32 buffers of one segment: the sum being formed and the image of its compressed
+/// frame.
+struct Sums {
     sum: Vec<f32>,
     image: Vec<f32>,
 }
@@ -339,70 +342,116 @@ impl Ring<'_, '_> {
         }
     }
 
-    /// The whole schedule of the module docs, one segment at a time.
+    /// Compresses this rank's contribution to `segment` of the block it sends at the first
+    /// reduce-scatter step into `frame` (whose wire length it returns), keeping the error.
+    fn first_hop(
+        &self,
+        segment: usize,
+        data: &[f32],
+        residual: &mut [f32],
+        frame: &mut [u32],
+        s: &mut Sums,
+    ) -> Result<usize> {
+        let (send_block, _) = layout::reduce_scatter_step(self.r, self.n, 0);
+        let range = self.blocks.segment(send_block, self.segments, segment);
+        let len = range.len();
+        let sum = &mut s.sum[..len];
+        add_contribution(sum, &data[range.clone()], &residual[range.clone()], false);
+        self.compress(sum, frame, &mut s.image[..len], &mut residual[range])?;
+        Ok(len)
+    }
+
+    /// Folds the partial `frame` of `segment` that arrived at reduce-scatter step `step` into
+    /// this rank's contribution and compresses the sum into `frame` again, for the next hop
+    /// or, at the last step, as this rank's final block (whose image is its result).
+    fn fold(
+        &self,
+        segment: usize,
+        step: usize,
+        data: &mut [f32],
+        residual: &mut [f32],
+        frame: &mut [u32],
+        s: &mut Sums,
+    ) -> Result<()> {
+        let (_, recv_block) = layout::reduce_scatter_step(self.r, self.n, step);
+        let range = self.blocks.segment(recv_block, self.segments, segment);
+        let len = range.len();
+        let prev = self.ctx.world_rank(self.prev())?;
+        let sum = &mut s.sum[..len];
+        self.compression.decode(frame, sum, Some(prev))?;
+        add_contribution(sum, &data[range.clone()], &residual[range.clone()], true);
+        let image = &mut s.image[..len];
+        self.compress(sum, frame, image, &mut residual[range.clone()])?;
+        if step == self.n - 2 {
+            // This rank's own block: its result is the image of the frame every other rank
+            // will decompress.
+            let out = &mut data[range];
+            out.copy_from_slice(image);
+            self.scale(out);
+        }
+        Ok(())
+    }
+
+    /// The whole schedule of the module docs, one segment at a time, with two reorderings
+    /// that keep the link busy while this rank computes (the order of the messages on each
+    /// link is the same on both of its ends, so they still match):
+    /// - the first-hop frame of segment j+1 goes out before this rank folds segment j's first
+    ///   partial, so it travels while the fold runs;
+    /// - an all-gather frame is forwarded before it is decompressed.
+    ///
+    /// Each link thus carries at most two frames this rank has sent and its neighbour has not
+    /// yet received, and segments are cut so that a frame holds at most half a segment's
+    /// bytes: no more than the plain ring's one segment is ever in flight (the transport
+    /// assumption of the crate docs).
     fn reduce(&self, data: &mut [f32], residual: &mut [f32]) -> Result<()> {
         let (n, r, blocks, segments) = (self.n, self.r, self.blocks, self.segments);
         let longest = blocks.max_len().div_ceil(segments);
         let words = self.compression.frame_words(longest);
-        let mut s = Scratch {
-            send: vec![0; words],
-            recv: vec![0; words],
+        let mut first = vec![0u32; words];
+        let mut pending = vec![0u32; words];
+        let mut send = vec![0u32; words];
+        let mut recv = vec![0u32; words];
+        let mut sums = Sums {
             sum: vec![0.0; longest],
             image: vec![0.0; longest],
         };
-        for segment in 0..segments {
-            for step in 0..n - 1 {
-                let (send_block, recv_block) = layout::reduce_scatter_step(r, n, step);
-                let send_range = blocks.segment(send_block, segments, segment);
-                let len = send_range.len();
-                if step == 0 {
-                    let sum = &mut s.sum[..len];
-                    add_contribution(
-                        sum,
-                        &data[send_range.clone()],
-                        &residual[send_range.clone()],
-                        false,
-                    );
-                    self.compress(
-                        sum,
-                        &mut s.send,
-                        &mut s.image[..len],
-                        &mut residual[send_range],
-                    )?;
-                }
-                self.send(self.wire(&s.send, len))?;
+        let (_, first_recv_block) = layout::reduce_scatter_step(r, n, 0);
+        let first_len = |segment: usize| blocks.segment(first_recv_block, segments, segment).len();
 
-                let recv_range = blocks.segment(recv_block, segments, segment);
-                let len = recv_range.len();
-                self.recv_frame(&mut s.recv, len)?;
-                let prev = self.ctx.world_rank(self.prev())?;
-                let sum = &mut s.sum[..len];
-                self.compression.decode(&s.recv, sum, Some(prev))?;
-                add_contribution(
-                    sum,
-                    &data[recv_range.clone()],
-                    &residual[recv_range.clone()],
-                    true,
-                );
-                let image = &mut s.image[..len];
-                self.compress(sum, &mut s.recv, image, &mut residual[recv_range.clone()])?;
-                if step == n - 2 {
-                    // This rank's own block: its result is the image of the frame every other
-                    // rank will decompress.
-                    let out = &mut data[recv_range];
-                    out.copy_from_slice(image);
-                    self.scale(out);
-                }
-                std::mem::swap(&mut s.send, &mut s.recv);
+        let len = self.first_hop(0, data, residual, &mut first, &mut sums)?;
+        self.send(self.wire(&first, len))?;
+        self.recv_frame(&mut pending, first_len(0))?;
+        for segment in 0..segments {
+            let ahead = segment + 1 < segments;
+            if ahead {
+                let len = self.first_hop(segment + 1, data, residual, &mut first, &mut sums)?;
+                self.send(self.wire(&first, len))?;
             }
-            for step in 0..n - 1 {
-                let (send_block, recv_block) = layout::all_gather_step(r, n, step);
+            self.fold(segment, 0, data, residual, &mut pending, &mut sums)?;
+            std::mem::swap(&mut send, &mut pending);
+            if ahead {
+                self.recv_frame(&mut pending, first_len(segment + 1))?;
+            }
+            for step in 1..n - 1 {
+                let (send_block, recv_block) = layout::reduce_scatter_step(r, n, step);
                 let len = blocks.segment(send_block, segments, segment).len();
-                self.send(self.wire(&s.send, len))?;
-                let recv_range = blocks.segment(recv_block, segments, segment);
-                self.recv_frame(&mut s.recv, recv_range.len())?;
-                self.finish(&s.recv, &mut data[recv_range])?;
-                std::mem::swap(&mut s.send, &mut s.recv);
+                self.send(self.wire(&send, len))?;
+                let len = blocks.segment(recv_block, segments, segment).len();
+                self.recv_frame(&mut recv, len)?;
+                self.fold(segment, step, data, residual, &mut recv, &mut sums)?;
+                std::mem::swap(&mut send, &mut recv);
+            }
+            // The all-gather: `send` holds this rank's final frame of the segment.
+            let own = blocks.segment(r, segments, segment).len();
+            self.send(self.wire(&send, own))?;
+            for step in 0..n - 1 {
+                let (_, recv_block) = layout::all_gather_step(r, n, step);
+                let range = blocks.segment(recv_block, segments, segment);
+                self.recv_frame(&mut recv, range.len())?;
+                if step < n - 2 {
+                    self.send(self.wire(&recv, range.len()))?;
+                }
+                self.finish(&recv, &mut data[range])?;
             }
         }
         Ok(())
