@@ -392,17 +392,23 @@ impl Ring<'_, '_> {
         Ok(())
     }
 
-    /// The whole schedule of the module docs, one segment at a time, with two reorderings
-    /// that keep the link busy while this rank computes (the order of the messages on each
-    /// link is the same on both of its ends, so they still match):
-    /// - the first-hop frame of segment j+1 goes out before this rank folds segment j's first
-    ///   partial, so it travels while the fold runs;
-    /// - an all-gather frame is forwarded before it is decompressed.
+    /// The whole schedule of the module docs, one segment at a time, reordered so that the
+    /// link carries bytes while this rank computes. The order of the messages on each link
+    /// stays the same on both of its ends, so they still match; only the computing moves:
+    /// - the first-hop frame of segment j+1 is compressed while segment j's final frame
+    ///   travels, and leaves before this rank folds segment j's first partial, so it travels
+    ///   during that fold;
+    /// - an all-gather frame is forwarded before it is decompressed, and the segment's last
+    ///   one is decompressed after the next segment's first frame has left.
     ///
     /// Each link thus carries at most two frames this rank has sent and its neighbour has not
     /// yet received, and segments are cut so that a frame holds at most half a segment's
     /// bytes: no more than the plain ring's one segment is ever in flight (the transport
     /// assumption of the crate docs).
+    ///
+    /// On two ranks over a 1 Gbit/s link (network namespaces, `tbf`), 64 MiB with int8 went
+    /// from 230-240 ms a call with every computation between its receive and the next send
+    /// to the times in `BENCHMARKS.md`.
     fn reduce(&self, data: &mut [f32], residual: &mut [f32]) -> Result<()> {
         let (n, r, blocks, segments) = (self.n, self.r, self.blocks, self.segments);
         let longest = blocks.max_len().div_ceil(segments);
@@ -418,14 +424,21 @@ impl Ring<'_, '_> {
         let (_, first_recv_block) = layout::reduce_scatter_step(r, n, 0);
         let first_len = |segment: usize| blocks.segment(first_recv_block, segments, segment).len();
 
-        let len = self.first_hop(0, data, residual, &mut first, &mut sums)?;
-        self.send(self.wire(&first, len))?;
+        let mut first_len_sent = self.first_hop(0, data, residual, &mut first, &mut sums)?;
+        self.send(self.wire(&first, first_len_sent))?;
         self.recv_frame(&mut pending, first_len(0))?;
+        if segments > 1 {
+            first_len_sent = self.first_hop(1, data, residual, &mut first, &mut sums)?;
+        }
+        // The all-gather frame whose decompression waits for the next segment's first send.
+        let mut deferred: Option<std::ops::Range<usize>> = None;
         for segment in 0..segments {
             let ahead = segment + 1 < segments;
             if ahead {
-                let len = self.first_hop(segment + 1, data, residual, &mut first, &mut sums)?;
-                self.send(self.wire(&first, len))?;
+                self.send(self.wire(&first, first_len_sent))?;
+            }
+            if let Some(range) = deferred.take() {
+                self.finish(&recv, &mut data[range])?;
             }
             self.fold(segment, 0, data, residual, &mut pending, &mut sums)?;
             std::mem::swap(&mut send, &mut pending);
@@ -444,15 +457,24 @@ impl Ring<'_, '_> {
             // The all-gather: `send` holds this rank's final frame of the segment.
             let own = blocks.segment(r, segments, segment).len();
             self.send(self.wire(&send, own))?;
+            if segment + 2 < segments {
+                first_len_sent =
+                    self.first_hop(segment + 2, data, residual, &mut first, &mut sums)?;
+            }
             for step in 0..n - 1 {
                 let (_, recv_block) = layout::all_gather_step(r, n, step);
                 let range = blocks.segment(recv_block, segments, segment);
                 self.recv_frame(&mut recv, range.len())?;
                 if step < n - 2 {
                     self.send(self.wire(&recv, range.len()))?;
+                    self.finish(&recv, &mut data[range])?;
+                } else {
+                    deferred = Some(range);
                 }
-                self.finish(&recv, &mut data[range])?;
             }
+        }
+        if let Some(range) = deferred {
+            self.finish(&recv, &mut data[range])?;
         }
         Ok(())
     }
