@@ -32,7 +32,7 @@
 //! Frames are then fixed by the agreed header: a frame of another length, or an int8 frame
 //! with a NaN, infinite or negative scale, is [`CollectiveError::Protocol`] naming the sender.
 
-use crate::compression::{Compression, Compressor, INT8_BLOCK};
+use crate::compression::{Compression, Compressor, FRAME_CHUNK, INT8_BLOCK};
 use crate::layout::{self, Blocks};
 use crate::op::OpCtx;
 use crate::{CollectiveError, DType, ReduceKind, Result};
@@ -220,7 +220,7 @@ struct Ring<'c, 'a> {
     sent: std::cell::Cell<u64>,
 }
 
-/// The f32 buffers of one segment: the sum being formed and the image of its compressed
+/// The f32 buffers of one frame chunk: the sum being formed and the image of its compressed
 /// frame.
 struct Sums {
     sum: Vec<f32>,
@@ -354,16 +354,23 @@ impl Ring<'_, '_> {
     ) -> Result<usize> {
         let (send_block, _) = layout::reduce_scatter_step(self.r, self.n, 0);
         let range = self.blocks.segment(send_block, self.segments, segment);
-        let len = range.len();
-        let sum = &mut s.sum[..len];
-        add_contribution(sum, &data[range.clone()], &residual[range.clone()], false);
-        self.compress(sum, frame, &mut s.image[..len], &mut residual[range])?;
-        Ok(len)
+        let chunk_words = self.compression.frame_words(FRAME_CHUNK);
+        let own = data[range.clone()].chunks(FRAME_CHUNK);
+        let errors = residual[range.clone()].chunks_mut(FRAME_CHUNK);
+        for (index, (own, error)) in own.zip(errors).enumerate() {
+            let len = own.len();
+            let sum = &mut s.sum[..len];
+            add_contribution(sum, own, error, false);
+            let frame = &mut frame[index * chunk_words..];
+            self.compress(sum, frame, &mut s.image[..len], error)?;
+        }
+        Ok(range.len())
     }
 
     /// Folds the partial `frame` of `segment` that arrived at reduce-scatter step `step` into
     /// this rank's contribution and compresses the sum into `frame` again, for the next hop
-    /// or, at the last step, as this rank's final block (whose image is its result).
+    /// or, at the last step, as this rank's final block (whose image is its result). Works a
+    /// [`FRAME_CHUNK`] at a time, so that the sums stay in the L1 cache.
     fn fold(
         &self,
         segment: usize,
@@ -375,19 +382,25 @@ impl Ring<'_, '_> {
     ) -> Result<()> {
         let (_, recv_block) = layout::reduce_scatter_step(self.r, self.n, step);
         let range = self.blocks.segment(recv_block, self.segments, segment);
-        let len = range.len();
         let prev = self.ctx.world_rank(self.prev())?;
-        let sum = &mut s.sum[..len];
-        self.compression.decode(frame, sum, Some(prev))?;
-        add_contribution(sum, &data[range.clone()], &residual[range.clone()], true);
-        let image = &mut s.image[..len];
-        self.compress(sum, frame, image, &mut residual[range.clone()])?;
-        if step == self.n - 2 {
-            // This rank's own block: its result is the image of the frame every other rank
-            // will decompress.
-            let out = &mut data[range];
-            out.copy_from_slice(image);
-            self.scale(out);
+        let last = step == self.n - 2;
+        let chunk_words = self.compression.frame_words(FRAME_CHUNK);
+        let own = data[range.clone()].chunks_mut(FRAME_CHUNK);
+        let errors = residual[range].chunks_mut(FRAME_CHUNK);
+        for (index, (own, error)) in own.zip(errors).enumerate() {
+            let len = own.len();
+            let frame = &mut frame[index * chunk_words..];
+            let sum = &mut s.sum[..len];
+            self.compression.decode(frame, sum, Some(prev))?;
+            add_contribution(sum, own, error, true);
+            let image = &mut s.image[..len];
+            self.compress(sum, frame, image, error)?;
+            if last {
+                // This rank's own block: its result is the image of the frame every other
+                // rank will decompress.
+                own.copy_from_slice(image);
+                self.scale(own);
+            }
         }
         Ok(())
     }
@@ -406,9 +419,10 @@ impl Ring<'_, '_> {
     /// bytes: no more than the plain ring's one segment is ever in flight (the transport
     /// assumption of the crate docs).
     ///
-    /// On two ranks over a 1 Gbit/s link (network namespaces, `tbf`), 64 MiB with int8 went
-    /// from 230-240 ms a call with every computation between its receive and the next send
-    /// to the times in `BENCHMARKS.md`.
+    /// On two ranks over a 1 Gbit/s link (network namespaces, `tbf`), a 64 MiB int8 sum took
+    /// 212-241 ms a call with every computation between a receive and the next send, and
+    /// 139-144 ms reordered (the wire alone takes 137 ms), in runs on the shared 2-core machine
+    /// whose load made other runs slower (see `BENCHMARKS.md`).
     fn reduce(&self, data: &mut [f32], residual: &mut [f32]) -> Result<()> {
         let (n, r, blocks, segments) = (self.n, self.r, self.blocks, self.segments);
         let longest = blocks.max_len().div_ceil(segments);
@@ -418,8 +432,8 @@ impl Ring<'_, '_> {
         let mut send = vec![0u32; words];
         let mut recv = vec![0u32; words];
         let mut sums = Sums {
-            sum: vec![0.0; longest],
-            image: vec![0.0; longest],
+            sum: vec![0.0; FRAME_CHUNK],
+            image: vec![0.0; FRAME_CHUNK],
         };
         let (_, first_recv_block) = layout::reduce_scatter_step(r, n, 0);
         let first_len = |segment: usize| blocks.segment(first_recv_block, segments, segment).len();
