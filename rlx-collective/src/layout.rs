@@ -64,6 +64,20 @@ pub(crate) fn segment_count(max_block_elems: usize, segment_elems: usize) -> usi
     max_block_elems.div_ceil(segment_elems.max(1)).max(1)
 }
 
+/// The blocks rank `rank` of `n` sends and receives at step `step` (of n-1) of a ring
+/// reduce-scatter: it forwards its partial of block `rank-step-1` to `rank+1` and receives the
+/// partial of block `rank-step-2` from `rank-1`, so the last step's received block is its own.
+pub(crate) fn reduce_scatter_step(rank: usize, n: usize, step: usize) -> (usize, usize) {
+    ((rank + 2 * n - step - 1) % n, (rank + 2 * n - step - 2) % n)
+}
+
+/// The blocks rank `rank` of `n` sends and receives at step `step` (of n-1) of a ring
+/// all-gather that starts from the block each rank owns: it forwards block `rank-step` to
+/// `rank+1` and receives block `rank-step-1` from `rank-1`.
+pub(crate) fn all_gather_step(rank: usize, n: usize, step: usize) -> (usize, usize) {
+    ((rank + n - step) % n, (rank + 2 * n - step - 1) % n)
+}
+
 /// Byte range of an element range.
 pub(crate) fn bytes(range: Range<usize>, elem_size: usize) -> Range<usize> {
     range.start * elem_size..range.end * elem_size
@@ -108,5 +122,27 @@ mod tests {
             assert_eq!(next, blocks.block(b).end);
         }
         assert_eq!(segment_count(0, 10), 1);
+    }
+
+    #[test]
+    fn ring_steps_end_on_the_owned_block_and_chain_neighbours() {
+        for n in 2..=8usize {
+            for rank in 0..n {
+                let prev = (rank + n - 1) % n;
+                for step in 0..n - 1 {
+                    // What this rank receives is what its predecessor sends at the same step.
+                    assert_eq!(
+                        reduce_scatter_step(rank, n, step).1,
+                        reduce_scatter_step(prev, n, step).0
+                    );
+                    assert_eq!(
+                        all_gather_step(rank, n, step).1,
+                        all_gather_step(prev, n, step).0
+                    );
+                }
+                assert_eq!(reduce_scatter_step(rank, n, n - 2).1, rank);
+                assert_eq!(all_gather_step(rank, n, 0).0, rank);
+            }
+        }
     }
 }

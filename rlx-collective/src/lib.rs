@@ -10,6 +10,10 @@
 //!   ...), chosen by [`select`] unless [`ProcessGroup::set_algorithm`] forces one. The
 //!   one-sided ring all-reduce ([`select::Algorithm::OneSidedRing`]) runs on transports with a
 //!   symmetric heap (`rlx_transport::Symmetric`) and is only used when forced.
+//! - [`ProcessGroup::all_reduce_compressed`]: f32 sum and mean with [`Compression::Bf16`],
+//!   [`Compression::Fp16`] or [`Compression::Int8`] frames on the wire and error feedback
+//!   through a [`Compressor`] per tensor (`all_reduce/compressed.rs`, codecs in
+//!   `compression.rs`), for links where bytes cost more than arithmetic.
 //! - On a backend with native collectives (MLX) the world group runs its operations in issue
 //!   order, whatever thread runs them, because native calls match by call order alone.
 //! - [`conformance`]: the check suite (every collective × dtype × reduction × awkward size
@@ -77,6 +81,7 @@ mod all_reduce;
 mod all_to_all;
 mod barrier;
 mod broadcast;
+mod compression;
 pub mod conformance;
 mod debug_log;
 mod federated;
@@ -98,6 +103,7 @@ mod shrink;
 mod split;
 mod wait_chain;
 
+pub use compression::{Compression, Compressor, FRAME_CHUNK, INT8_BLOCK};
 pub use debug_log::{DEBUG_VAR, PREFIXED_VAR, install_debug_subscriber};
 pub use group::{ProcessGroup, WORLD_GROUP_ID};
 pub use handle::{AllReduceHandle, CollectiveHandle};

@@ -36,6 +36,8 @@ pub(crate) enum OpKind {
     FederatedAverage,
     /// The collective allocation of the one-sided all-reduce's scratch region.
     EnableOneSided,
+    /// An all-reduce with compressed frames on the wire.
+    AllReduceCompressed,
 }
 
 impl OpKind {
@@ -45,6 +47,7 @@ impl OpKind {
             OpKind::Collective(op) => op.name(),
             OpKind::FederatedAverage => "federated_average",
             OpKind::EnableOneSided => "enable_one_sided",
+            OpKind::AllReduceCompressed => "all_reduce_compressed",
         }
     }
 }

@@ -36,6 +36,35 @@ fn data_parallel_training_matches_one_process_with_identical_weights() {
     }
 }
 
+#[test]
+fn compressed_data_parallel_training_reaches_the_uncompressed_loss() {
+    use rlx_collective::Compression;
+
+    for compression in [Compression::Bf16, Compression::Fp16, Compression::Int8] {
+        let cfg = data_parallel::Config {
+            steps: 200,
+            compression: Some(compression),
+            ..data_parallel::Config::default()
+        };
+        for world in [2, 4] {
+            let reports = common::on_each(common::world(world), move |group| {
+                data_parallel::train(&group, &cfg)
+            });
+            let report = reports.into_iter().next().unwrap().unwrap();
+            assert!(
+                report.identical,
+                "{compression}, world {world}: ranks diverged"
+            );
+            let drift = (report.final_loss - report.reference_loss).abs() / report.reference_loss;
+            assert!(
+                drift <= data_parallel::tolerance(cfg.compression),
+                "{compression}, world {world}: relative drift {drift:.2e}: {report:?}"
+            );
+            eprintln!("{compression}, world {world}: relative drift {drift:.2e}: {report:?}");
+        }
+    }
+}
+
 #[allow(dead_code, reason = "the example's main is for its binary")]
 #[path = "../examples/pipeline_parallel.rs"]
 mod pipeline_parallel;

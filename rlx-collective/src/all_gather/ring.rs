@@ -23,8 +23,7 @@ pub(crate) fn run(
     let prev = ((r + n - 1) % n) as u32;
     for segment in 0..segments {
         for step in 0..n - 1 {
-            let send_block = (r + n - step) % n;
-            let recv_block = (r + 2 * n - step - 1) % n;
+            let (send_block, recv_block) = layout::all_gather_step(r, n, step);
             let send = layout::bytes(blocks.segment(send_block, segments, segment), elem_size);
             ctx.send(next, &data[send])?;
             let recv = layout::bytes(blocks.segment(recv_block, segments, segment), elem_size);

@@ -3,6 +3,7 @@
 //! [`run`] validates, takes the native path when the backend offers one for the world group,
 //! and otherwise runs the algorithm the selector in [`crate::select`] picks.
 
+pub(crate) mod compressed;
 pub(crate) mod one_sided;
 pub(crate) mod recursive_doubling;
 pub(crate) mod ring;

@@ -156,7 +156,7 @@ impl Ring<'_, '_> {
         for segment in 0..self.segments {
             for step in 0..n - 1 {
                 let last = step == n - 2;
-                let send_block = (r + 2 * n - step - 1) % n;
+                let (send_block, recv_block) = layout::reduce_scatter_step(r, n, step);
                 let send_range = self.blocks.segment(send_block, self.segments, segment);
                 let send_len = send_range.len() * wsize;
                 if step > 0 {
@@ -171,7 +171,6 @@ impl Ring<'_, '_> {
                     self.ctx.send(self.next(), &send_buf[..send_len])?;
                 }
 
-                let recv_block = (r + 2 * n - step - 2) % n;
                 let recv_range = self.blocks.segment(recv_block, self.segments, segment);
                 let recv_len = recv_range.len() * wsize;
                 self.ctx.recv_into(self.prev(), &mut recv_buf[..recv_len])?;

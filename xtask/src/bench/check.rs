@@ -8,7 +8,7 @@
 //! every reduction (saturation, rounding, wide accumulation) are what `test-cluster` checks.
 
 use half::{bf16, f16};
-use rlx_collective::{DType, ReduceKind};
+use rlx_collective::{Compression, DType, ReduceKind};
 
 /// A value outside every input and every expected result, written into outputs before the
 /// checked iteration so that a stale buffer cannot pass.
@@ -99,6 +99,26 @@ fn tolerance(dtype: DType) -> f64 {
     }
 }
 
+/// The absolute error a compressed f32 all-reduce of the reduction inputs may show on `world`
+/// ranks: each of the n compressions of an element's partial sums (at most 3n) rounds once,
+/// and with error feedback an output also carries the last call's residual and this call's,
+/// each at most that much again.
+pub(crate) fn compressed_tolerance(compression: Compression, redop: ReduceKind, world: u32) -> f64 {
+    let n = f64::from(world.max(1));
+    let rounding = match compression {
+        Compression::Bf16 => 1.0 / 256.0,
+        Compression::Fp16 => 1.0 / 2048.0,
+        Compression::Int8 => 1.0 / 254.0,
+        _ => 1e-6,
+    };
+    let sum = 2.0 * n * 3.0 * n * rounding * 1.01;
+    if redop == ReduceKind::Mean {
+        sum / n
+    } else {
+        sum
+    }
+}
+
 /// Counts the elements of `bytes` (`count` elements of `dtype`) that differ from
 /// `expected(i)`; a buffer of the wrong length counts every missing element as wrong.
 pub(crate) fn count_wrong(
@@ -108,6 +128,19 @@ pub(crate) fn count_wrong(
     expected: impl Fn(u64) -> f64,
 ) -> u64 {
     let tol = tolerance(dtype);
+    count_wrong_within(dtype, bytes, count, expected, |want| {
+        tol * want.abs().max(1.0)
+    })
+}
+
+/// [`count_wrong`] with the allowed absolute error for an expected value given by `allowed`.
+pub(crate) fn count_wrong_within(
+    dtype: DType,
+    bytes: &[u8],
+    count: u64,
+    expected: impl Fn(u64) -> f64,
+    allowed: impl Fn(f64) -> f64,
+) -> u64 {
     (0..count)
         .filter(|&i| {
             let want = expected(i);
@@ -115,7 +148,7 @@ pub(crate) fn count_wrong(
                 .ok()
                 .and_then(|i| decode(dtype, bytes, i))
             {
-                Some(got) => (got - want).abs() > tol * want.abs().max(1.0),
+                Some(got) => (got - want).abs() > allowed(want),
                 None => true,
             }
         })

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use rlx_collective::{DType, ReduceKind};
+use rlx_collective::{Compression, DType, ReduceKind};
 
 /// The operations `bench` measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -228,12 +228,16 @@ pub(crate) struct Step {
     pub(crate) iters: u32,
     /// Untimed warm-up iterations.
     pub(crate) warmup: u32,
+    /// For an all-reduce: run `all_reduce_compressed` in this format instead (RLX only; the
+    /// peers never see such a step).
+    pub(crate) compression: Option<Compression>,
 }
 
 impl Step {
-    /// The command line: `<op> <dtype> <redop|none> <count> <iters> <warmup>`.
+    /// The command line: `<op> <dtype> <redop|none> <count> <iters> <warmup>`, then the
+    /// compression format when there is one.
     pub(crate) fn to_line(self) -> String {
-        format!(
+        let line = format!(
             "{} {} {} {} {} {}",
             self.op,
             self.dtype,
@@ -241,15 +245,26 @@ impl Step {
             self.count,
             self.iters,
             self.warmup
-        )
+        );
+        match self.compression {
+            Some(compression) => format!("{line} {compression}"),
+            None => line,
+        }
     }
 
     /// Parses [`Step::to_line`]'s form.
     pub(crate) fn parse(line: &str) -> Result<Step, String> {
         let words: Vec<&str> = line.split_whitespace().collect();
-        let [op, dtype, redop, count, iters, warmup] = words.as_slice() else {
+        let (compression, words) = match words.as_slice() {
+            [first @ .., last] if first.len() == 6 => (Some(*last), first),
+            all => (None, all),
+        };
+        let [op, dtype, redop, count, iters, warmup] = words else {
             return Err(format!("malformed command {line:?}"));
         };
+        let compression = compression
+            .map(|name| name.parse::<Compression>().map_err(|e| e.to_string()))
+            .transpose()?;
         let number = |w: &str| {
             w.parse::<u64>()
                 .map_err(|_| format!("{w:?} is not a number"))
@@ -265,6 +280,7 @@ impl Step {
             count: number(count)?,
             iters: u32::try_from(number(iters)?).map_err(|_| "too many iterations".to_owned())?,
             warmup: u32::try_from(number(warmup)?).map_err(|_| "too many iterations".to_owned())?,
+            compression,
         })
     }
 
@@ -284,6 +300,9 @@ pub(crate) enum Reply {
         wrong: u64,
         /// Per-iteration times.
         micros: Vec<f64>,
+        /// Bytes rank 0 sent in the last iteration, when the system counts them (RLX's
+        /// compressed all-reduce).
+        wire_bytes: Option<u64>,
     },
     /// The system cannot run this step (no such dtype or reduction); not an error.
     Skip(String),
@@ -292,12 +311,18 @@ pub(crate) enum Reply {
 }
 
 impl Reply {
-    /// The reply line: `ok <wrong> <t_1> ...`, `skip <reason>` or `error <message>`.
+    /// The reply line: `ok <wrong> [wire=<bytes>] <t_1> ...`, `skip <reason>` or
+    /// `error <message>`.
     pub(crate) fn to_line(&self) -> String {
         match self {
-            Reply::Ran { wrong, micros } => {
+            Reply::Ran {
+                wrong,
+                micros,
+                wire_bytes,
+            } => {
                 let times: Vec<String> = micros.iter().map(|t| format!("{t:.3}")).collect();
-                format!("ok {wrong} {}", times.join(" "))
+                let wire = wire_bytes.map(|b| format!("wire={b} ")).unwrap_or_default();
+                format!("ok {wrong} {wire}{}", times.join(" "))
             }
             Reply::Skip(reason) => format!("skip {}", one_line(reason)),
             Reply::Error(message) => format!("error {}", one_line(message)),
@@ -309,13 +334,25 @@ impl Reply {
         let (head, rest) = line.trim().split_once(' ').unwrap_or((line.trim(), ""));
         match head {
             "ok" => {
-                let mut words = rest.split_whitespace();
+                let mut words = rest.split_whitespace().peekable();
                 let wrong = words.next()?.parse().ok()?;
+                let wire_bytes = match words.peek().and_then(|w| w.strip_prefix("wire=")) {
+                    Some(bytes) => {
+                        let bytes = bytes.parse().ok()?;
+                        words.next();
+                        Some(bytes)
+                    }
+                    None => None,
+                };
                 let micros = words
                     .map(str::parse)
                     .collect::<Result<Vec<f64>, _>>()
                     .ok()?;
-                Some(Reply::Ran { wrong, micros })
+                Some(Reply::Ran {
+                    wrong,
+                    micros,
+                    wire_bytes,
+                })
             }
             "skip" => Some(Reply::Skip(rest.to_owned())),
             "error" => Some(Reply::Error(rest.to_owned())),
@@ -379,15 +416,34 @@ mod tests {
             count: 1024,
             iters: 3,
             warmup: 1,
+            compression: None,
         };
         assert_eq!(step.to_line(), "reduce_scatter bf16 prod 1024 3 1");
         assert_eq!(Step::parse(&step.to_line()).unwrap(), step);
+        let compressed = Step {
+            compression: Some(Compression::Int8),
+            ..step
+        };
+        assert_eq!(
+            compressed.to_line(),
+            "reduce_scatter bf16 prod 1024 3 1 int8"
+        );
+        assert_eq!(Step::parse(&compressed.to_line()).unwrap(), compressed);
+        assert!(Step::parse("all_reduce f32 sum 8 1 1 int4").is_err());
         assert!(Step::parse("all_reduce f32 sum 8").is_err());
         let reply = Reply::Ran {
             wrong: 2,
             micros: vec![1.5, 2.25],
+            wire_bytes: None,
         };
         assert_eq!(Reply::parse(&reply.to_line()), Some(reply));
+        let counted = Reply::Ran {
+            wrong: 0,
+            micros: vec![3.0],
+            wire_bytes: Some(4096),
+        };
+        assert_eq!(counted.to_line(), "ok 0 wire=4096 3.000");
+        assert_eq!(Reply::parse(&counted.to_line()), Some(counted));
         assert_eq!(
             Reply::parse("skip no such\ntype"),
             Some(Reply::Skip("no such\ntype".to_owned()))

@@ -9,6 +9,7 @@
 //! command fail; nothing here asserts on time.
 
 mod check;
+mod kernels;
 mod measure;
 mod plot;
 mod systems;
@@ -19,7 +20,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use rlx_collective::{DType, ReduceKind};
+use rlx_collective::{Compression, DType, ReduceKind};
 use serde::Serialize;
 
 use crate::world::{self, World, WorldArgs};
@@ -75,6 +76,15 @@ pub(crate) struct BenchArgs {
     /// Also run Open MPI, Gloo and MLX (whichever are installed) and iperf3, interleaved.
     #[arg(long)]
     pub(crate) peers: bool,
+    /// Also run `all_reduce_compressed` in these formats (none, bf16, fp16, int8, a list, or
+    /// all) right after each f32 sum or mean all-reduce of the same size, reporting its time,
+    /// busbw of the uncompressed bytes, wire bytes per rank and speedup over the plain one.
+    #[arg(long, default_value = "")]
+    pub(crate) compression: String,
+    /// Measure the compression kernels (GB/s of f32 compressed and decompressed on one core,
+    /// beside a memcpy) on a buffer of -e bytes instead of running ranks.
+    #[arg(long)]
+    pub(crate) kernels: bool,
 }
 
 impl BenchArgs {
@@ -97,6 +107,8 @@ impl BenchArgs {
             json: None,
             plot: None,
             peers: false,
+            compression: "all".to_owned(),
+            kernels: false,
         }
     }
 }
@@ -119,6 +131,10 @@ struct Row {
     wrong: u64,
     /// RLX's busbw over this system's (= this system's time over RLX's), for peers.
     rlx_over_peer: Option<f64>,
+    /// Bytes rank 0 sent, for a compressed all-reduce.
+    wire_bytes: Option<u64>,
+    /// The plain all-reduce's time over this row's, for a compressed all-reduce.
+    speedup: Option<f64>,
     iteration_us: Vec<f64>,
 }
 
@@ -141,6 +157,16 @@ impl Combo {
 
 /// Runs the benchmark described by `args`.
 pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
+    let compressions = if args.compression.trim().is_empty() {
+        Vec::new()
+    } else {
+        measure::parse_list(&args.compression, &Compression::ALL, |s| {
+            s.parse::<Compression>().map_err(|e| e.to_string())
+        })?
+    };
+    if args.kernels {
+        return kernels::run(measure::parse_size(&args.max_bytes)?, &compressions);
+    }
     let ops = measure::parse_list(&args.op, &BenchOp::ALL, |s| s.parse())?;
     let dtypes = measure::parse_list(&args.dtype, &DType::ALL, |s| {
         s.parse::<DType>().map_err(|e| e.to_string())
@@ -226,6 +252,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
         skipped: HashSet::new(),
         rows: Vec::new(),
         notes,
+        compressions,
     };
     let result = sweep.run(&combos, &sizes);
     let (rows, mut notes) = sweep.stop();
@@ -239,6 +266,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
         }
     }
     print_summary(&rows, &combos);
+    print_compression_summary(&rows);
     let ceiling = ceilings.iter().copied().reduce(f64::max);
     if let Some(ceiling) = ceiling {
         print_ceiling(&rows, ceiling);
@@ -260,14 +288,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
         plot::draw(path, &title, &series, ceiling)?;
         println!("# wrote {}", path.display());
     }
-    let wrong: u64 = rows
-        .iter()
-        .filter(|r| r.system == "rlx")
-        .map(|r| r.wrong)
-        .sum();
+    let wrong: u64 = rows.iter().filter(|r| is_rlx(r)).map(|r| r.wrong).sum();
     let peer_wrong: Vec<String> = rows
         .iter()
-        .filter(|r| r.system != "rlx" && r.wrong > 0)
+        .filter(|r| !is_rlx(r) && r.wrong > 0)
         .map(|r| {
             format!(
                 "{} {} {} {} at {} B",
@@ -281,12 +305,51 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
             peer_wrong.join("; ")
         );
     }
-    let measured = rows.iter().filter(|r| r.system == "rlx").count();
+    let measured = rows.iter().filter(|r| is_rlx(r)).count();
     println!("# rlx: {measured} measurements, {wrong} wrong elements");
     if wrong > 0 {
         Err(format!("rlx produced {wrong} wrong elements"))
     } else {
         Ok(())
+    }
+}
+
+/// Whether `row` measured RLX (plain or compressed), whose wrong elements fail the command.
+fn is_rlx(row: &Row) -> bool {
+    row.system == "rlx" || row.system.starts_with("rlx+")
+}
+
+/// For every size with compressed rows: the plain all-reduce's time and each format's time,
+/// wire bytes per rank and speedup, the table `BENCHMARKS.md` quotes.
+fn print_compression_summary(rows: &[Row]) {
+    let compressed: Vec<&Row> = rows.iter().filter(|r| r.speedup.is_some()).collect();
+    if compressed.is_empty() {
+        return;
+    }
+    println!("#\n# compressed all-reduce: time(ms), wire bytes per rank, speedup over plain");
+    for plain in rows.iter().filter(|r| r.system == "rlx") {
+        let same =
+            |r: &&&Row| r.bytes == plain.bytes && r.redop == plain.redop && r.dtype == plain.dtype;
+        let mut line = format!(
+            "#   {:>9} {:<4} plain {:>9.2} ms",
+            plot::human_bytes(plain.bytes),
+            plain.redop,
+            plain.time_us / 1e3
+        );
+        let mut any = false;
+        for r in compressed.iter().filter(same) {
+            any = true;
+            line.push_str(&format!(
+                " | {} {:>9.2} ms {:>6.1} MiB {:>5.2}x",
+                r.system.trim_start_matches("rlx+"),
+                r.time_us / 1e3,
+                r.wire_bytes.unwrap_or(0) as f64 / f64::from(1 << 20),
+                r.speedup.unwrap_or(0.0)
+            ));
+        }
+        if any {
+            println!("{line}");
+        }
     }
 }
 
@@ -300,9 +363,52 @@ struct Sweep<'a> {
     skipped: HashSet<(String, Combo)>,
     rows: Vec<Row>,
     notes: Vec<String>,
+    /// The formats of `--compression`, run after each f32 sum or mean all-reduce.
+    compressions: Vec<Compression>,
 }
 
 impl Sweep<'_> {
+    /// Runs `step` (the plain all-reduce that took `plain_us`) again compressed in every
+    /// format of `--compression`, printing a row for each.
+    fn run_compressed(&mut self, combo: &Combo, step: &Step, plain_us: f64) -> Result<(), String> {
+        let applies = combo.op == BenchOp::AllReduce
+            && combo.dtype == DType::F32
+            && matches!(combo.redop, Some(ReduceKind::Sum | ReduceKind::Mean));
+        if !applies {
+            return Ok(());
+        }
+        for &compression in &self.compressions.clone() {
+            let step = Step {
+                compression: Some(compression),
+                ..*step
+            };
+            let system = format!("rlx+{compression}");
+            match self.rlx.step(&step, step_timeout(&step)) {
+                Ok(Reply::Ran {
+                    wrong,
+                    micros,
+                    wire_bytes,
+                }) => {
+                    let mut r = row(self.args, combo, &step, &system, wrong, micros);
+                    r.wire_bytes = wire_bytes;
+                    r.speedup = (r.time_us > 0.0).then(|| plain_us / r.time_us);
+                    print_row(&r);
+                    self.rows.push(r);
+                }
+                Ok(Reply::Skip(reason)) => println!("# {system} skipped: {reason}"),
+                Ok(Reply::Error(message)) => {
+                    return Err(format!(
+                        "{system} failed {} at {} B: {message}",
+                        combo.label(),
+                        step.bytes()
+                    ));
+                }
+                Err(e) => return Err(format!("{e}; last output: {}", self.rlx.log_tail())),
+            }
+        }
+        Ok(())
+    }
+
     /// Runs every combo and size on RLX, then on each peer, printing as it goes.
     fn run(&mut self, combos: &[Combo], sizes: &[u64]) -> Result<(), String> {
         for combo in combos {
@@ -319,10 +425,11 @@ impl Sweep<'_> {
                     count,
                     iters,
                     warmup,
+                    compression: None,
                 };
                 let timeout = step_timeout(&step);
                 let ours = match self.rlx.step(&step, timeout) {
-                    Ok(Reply::Ran { wrong, micros }) => {
+                    Ok(Reply::Ran { wrong, micros, .. }) => {
                         row(self.args, combo, &step, "rlx", wrong, micros)
                     }
                     Ok(Reply::Skip(reason)) => {
@@ -340,6 +447,7 @@ impl Sweep<'_> {
                 print_row(&ours);
                 let our_time = ours.time_us;
                 self.rows.push(ours);
+                self.run_compressed(combo, &step, our_time)?;
                 let mut index = 0;
                 while index < self.peers.len() {
                     let peer = &mut self.peers[index];
@@ -349,7 +457,7 @@ impl Sweep<'_> {
                         continue;
                     }
                     match peer.step(&step, timeout) {
-                        Ok(Reply::Ran { wrong, micros }) => {
+                        Ok(Reply::Ran { wrong, micros, .. }) => {
                             let mut r = row(self.args, combo, &step, &peer.name, wrong, micros);
                             r.rlx_over_peer = (our_time > 0.0).then(|| r.time_us / our_time);
                             print_row(&r);
@@ -422,6 +530,8 @@ fn row(
         busbw_gbps: busbw,
         wrong,
         rlx_over_peer: None,
+        wire_bytes: None,
+        speedup: None,
         iteration_us: micros,
     }
 }
@@ -458,6 +568,13 @@ fn print_header(args: &BenchArgs, world: &World, peers: &[System], notes: &[Stri
             println!("# {note}");
         }
     }
+    if !args.compression.trim().is_empty() {
+        println!(
+            "# rlx+<format>: all_reduce_compressed right after the plain all_reduce of the same \
+             size; busbw counts the uncompressed f32 bytes; wire = bytes rank 0 sent; speedup = \
+             plain time / compressed time"
+        );
+    }
     println!(
         "#{:>11} {:>12} {:>6} {:>6} {:>5} {:>11} {:>8} {:>8} {:>7}  {:<8} {:>8}",
         "size",
@@ -483,8 +600,13 @@ fn print_row(r: &Row) {
         .rlx_over_peer
         .map(|x| format!("{x:.2}x"))
         .unwrap_or_default();
+    let compressed = match (r.wire_bytes, r.speedup) {
+        (Some(wire), Some(speedup)) => format!("  wire {wire} B  speedup {speedup:.2}x"),
+        (Some(wire), None) => format!("  wire {wire} B"),
+        _ => String::new(),
+    };
     println!(
-        " {:>11} {:>12} {:>6} {:>6} {:>5} {:>11.2} {:>8.3} {:>8.3} {:>7}  {:<8} {:>8}",
+        " {:>11} {:>12} {:>6} {:>6} {:>5} {:>11.2} {:>8.3} {:>8.3} {:>7}  {:<8} {:>8}{compressed}",
         r.bytes,
         r.count,
         r.dtype,

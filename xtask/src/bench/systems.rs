@@ -421,6 +421,7 @@ mod tests {
             count: 2,
             iters: 2,
             warmup: 0,
+            compression: None,
         }
     }
 
@@ -437,7 +438,8 @@ mod tests {
             reply,
             Reply::Ran {
                 wrong: 0,
-                micros: vec![1.5, 2.5]
+                micros: vec![1.5, 2.5],
+                wire_bytes: None,
             }
         );
         assert!(system.log_tail().contains("log: all_reduce f32 sum 2 2 0"));

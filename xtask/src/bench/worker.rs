@@ -12,7 +12,7 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use clap::Args;
-use rlx_collective::{CollectiveError, DType, ProcessGroup, ReduceKind};
+use rlx_collective::{CollectiveError, Compressor, DType, ProcessGroup, ReduceKind};
 
 use super::check::{self, POISON};
 use super::measure::{BenchOp, Reply, Step};
@@ -120,6 +120,9 @@ struct Buffers {
     work: Vec<u8>,
     /// The output of the last iteration (operations that return one).
     out: Vec<u8>,
+    /// A compressed all-reduce's f32 input, its in-place buffer and its compressor (whose
+    /// error feedback carries from one iteration to the next, as in training).
+    compressed: Option<(Vec<f32>, Vec<f32>, Compressor)>,
 }
 
 /// Runs one step and returns rank 0's answer (the other ranks' return value is ignored).
@@ -132,6 +135,15 @@ fn run_step(group: &ProcessGroup, step: &Step) -> Result<Reply, CollectiveError>
         (true, None) => return Ok(Reply::Skip(format!("{} needs a reduction", step.op))),
         (false, _) => ReduceKind::Sum,
     };
+    if step.compression.is_some()
+        && (step.op != BenchOp::AllReduce
+            || dtype != DType::F32
+            || !matches!(redop, ReduceKind::Sum | ReduceKind::Mean))
+    {
+        return Ok(Reply::Skip(
+            "compression applies to f32 sum and mean all-reduces".to_owned(),
+        ));
+    }
     let count = step.count;
     let block = if step.op.blocked() {
         count / u64::from(world)
@@ -139,6 +151,8 @@ fn run_step(group: &ProcessGroup, step: &Step) -> Result<Reply, CollectiveError>
         count
     };
     let pristine = match step.op {
+        // A compressed all-reduce keeps its f32 buffers of its own (see below).
+        _ if step.compression.is_some() => Vec::new(),
         BenchOp::AllReduce | BenchOp::Reduce | BenchOp::ReduceScatter => check::encode(
             dtype,
             (0..count).map(|i| check::reduce_input(redop, rank, world, i)),
@@ -150,10 +164,17 @@ fn run_step(group: &ProcessGroup, step: &Step) -> Result<Reply, CollectiveError>
             check::encode(dtype, (0..count).map(|i| check::data_value(rank, i)))
         }
     };
+    let compressed = step.compression.map(|compression| {
+        let values: Vec<f32> = (0..count)
+            .map(|i| check::reduce_input(redop, rank, world, i) as f32)
+            .collect();
+        (values.clone(), values, Compressor::new(compression))
+    });
     let mut buffers = Buffers {
         work: pristine.clone(),
         pristine,
         out: Vec::new(),
+        compressed,
     };
     let total = step.warmup + step.iters.max(1);
     let mut micros = Vec::with_capacity(total as usize);
@@ -162,7 +183,9 @@ fn run_step(group: &ProcessGroup, step: &Step) -> Result<Reply, CollectiveError>
             step.op,
             BenchOp::AllReduce | BenchOp::Reduce | BenchOp::Broadcast
         );
-        if in_place {
+        if let Some((pristine, work, _)) = &mut buffers.compressed {
+            work.copy_from_slice(pristine);
+        } else if in_place {
             buffers.work.copy_from_slice(&buffers.pristine);
         }
         // Free the previous output here, not inside the next timed call.
@@ -175,6 +198,10 @@ fn run_step(group: &ProcessGroup, step: &Step) -> Result<Reply, CollectiveError>
             micros.push(elapsed.as_secs_f64() * 1e6);
         }
     }
+    let wire_bytes = buffers
+        .compressed
+        .as_ref()
+        .map(|(_, _, compressor)| compressor.last_wire_bytes());
     let wrong = count_wrong(group, step, redop, block, &buffers);
     // Outside the timed region: the slowest rank's time per iteration and the total of wrong
     // elements over every rank.
@@ -189,6 +216,7 @@ fn run_step(group: &ProcessGroup, step: &Step) -> Result<Reply, CollectiveError>
     Ok(Reply::Ran {
         wrong: u64::try_from(i64::from_le_bytes(wrong_total)).unwrap_or(0),
         micros,
+        wire_bytes,
     })
 }
 
@@ -200,6 +228,9 @@ fn once(
     b: &mut Buffers,
 ) -> Result<(), CollectiveError> {
     let dtype = step.dtype;
+    if let Some((_, work, compressor)) = &mut b.compressed {
+        return group.all_reduce_compressed(work, redop, compressor);
+    }
     match step.op {
         BenchOp::AllReduce => group.all_reduce_typed(&mut b.work, dtype, redop),
         BenchOp::Reduce => group.reduce_typed(0, &mut b.work, dtype, redop),
@@ -253,6 +284,11 @@ fn count_wrong(
 ) -> u64 {
     let (rank, world, dtype, count) = (group.rank(), group.world_size(), step.dtype, step.count);
     let reduced = |i| check::reduce_expected(redop, dtype, world, i);
+    if let (Some((_, work, _)), Some(compression)) = (&b.compressed, step.compression) {
+        let bytes: Vec<u8> = work.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let allowed = check::compressed_tolerance(compression, redop, world);
+        return check::count_wrong_within(dtype, &bytes, count, reduced, |_| allowed);
+    }
     match step.op {
         BenchOp::AllReduce => check::count_wrong(dtype, &b.work, count, reduced),
         BenchOp::Reduce if rank == 0 => check::count_wrong(dtype, &b.work, count, reduced),

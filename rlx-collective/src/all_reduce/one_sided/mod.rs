@@ -217,7 +217,7 @@ pub(crate) fn run(
     // Reduce-scatter: the index arithmetic of `reduce_scatter::ring`.
     for segment in 0..rs_segments {
         for step in 0..n - 1 {
-            let send_block = (r + 2 * n - step - 1) % n;
+            let (send_block, recv_block) = layout::reduce_scatter_step(r, n, step);
             let send_range = blocks.segment(send_block, rs_segments, segment);
             let send_len = send_range.len() * wsize;
             if step == 0 {
@@ -226,7 +226,6 @@ pub(crate) fn run(
             }
             link.send(index, &mut stage, send_len)?;
 
-            let recv_block = (r + 2 * n - step - 2) % n;
             let recv_range = blocks.segment(recv_block, rs_segments, segment);
             let recv_len = recv_range.len() * wsize;
             let partial = &mut stage[HEADER_BYTES..][..recv_len];
@@ -243,13 +242,12 @@ pub(crate) fn run(
     // All-gather of the narrow results: the index arithmetic of `all_gather::ring`.
     for segment in 0..ag_segments {
         for step in 0..n - 1 {
-            let send_block = (r + n - step) % n;
+            let (send_block, recv_block) = layout::all_gather_step(r, n, step);
             let send = layout::bytes(blocks.segment(send_block, ag_segments, segment), esize);
             let send_len = send.len();
             stage[HEADER_BYTES..][..send_len].copy_from_slice(&data[send]);
             link.send(index, &mut stage, send_len)?;
 
-            let recv_block = (r + 2 * n - step - 1) % n;
             let recv = layout::bytes(blocks.segment(recv_block, ag_segments, segment), esize);
             link.receive(index, messages, &mut data[recv])?;
             index += 1;
