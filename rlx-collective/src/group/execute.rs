@@ -160,4 +160,36 @@ impl ProcessGroup {
             id,
         )
     }
+
+    /// Aborts this rank's part of the job from any thread: the other members are told first
+    /// (their operations of this group fail with [`CollectiveError::GroupFailed`] naming this
+    /// rank, cause `Aborted`), then the transport is aborted, which wakes every blocked call
+    /// of every group on it, on every local thread, with [`CollectiveError::Aborted`], and
+    /// makes every later call fail at once. Idempotent.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use rlx_collective::{CollectiveError, MemTransport, ProcessGroup, Transport};
+    ///
+    /// let ranks = MemTransport::fan_out(2);
+    /// let group = ProcessGroup::new(ranks[0].clone() as Arc<dyn Transport>);
+    /// let waiting = {
+    ///     let group = group.clone();
+    ///     std::thread::spawn(move || group.recv::<f32>(1, 7))
+    /// };
+    /// group.abort();
+    /// // Aborted, or (if the receive began after the abort) the group's failure naming rank 0.
+    /// let woken = waiting.join().unwrap();
+    /// assert!(matches!(woken, Err(CollectiveError::Aborted | CollectiveError::GroupFailed { peer: 0, .. })));
+    /// ```
+    pub fn abort(&self) {
+        tracing::warn!(
+            group = self.shared.group_id,
+            "aborting this rank's part of the job"
+        );
+        self.watch().on_failure(&CollectiveError::Aborted);
+        self.shared.transport.abort();
+    }
 }

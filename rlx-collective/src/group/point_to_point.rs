@@ -9,7 +9,7 @@ use crate::{CollectiveError, DType, Element, Result, Tag, Transport};
 
 impl ProcessGroup {
     /// The failure watch of this group's point-to-point calls.
-    fn watch(&self) -> Watch<'_> {
+    pub(super) fn watch(&self) -> Watch<'_> {
         let shared = &self.shared;
         Watch::new(
             shared.transport.as_ref(),
