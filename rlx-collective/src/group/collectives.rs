@@ -5,15 +5,11 @@
 //! algorithm module.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::{ProcessGroup, gathered_len};
-use crate::federated;
 use crate::handle::{AllReduceHandle, CollectiveHandle};
-use crate::health::FailureScope;
-use crate::op::{OpId, OpKind};
 use crate::select::CollectiveOp;
-use crate::{CollectiveError, Compressor, DType, Element, ReduceKind, Result};
+use crate::{CollectiveError, DType, Element, ReduceKind, Result};
 
 /// The elements of `bytes`, whose length the operation already checked is a whole number of
 /// `T`s (a copy: `bytes` need not be aligned for `T`).
@@ -78,64 +74,6 @@ impl ProcessGroup {
     pub fn all_reduce_typed(&self, data: &mut [u8], dtype: DType, op: ReduceKind) -> Result<()> {
         self.run(CollectiveOp::AllReduce, |ctx| {
             crate::all_reduce::run(ctx, data, dtype, op)
-        })
-    }
-
-    /// [`ProcessGroup::all_reduce`] of f32 values with compressed frames on the wire, for
-    /// links where the bytes cost more than the arithmetic (1 GbE, Wi-Fi, a shared
-    /// Thunderbolt link): [`Compression::Bf16`](crate::Compression::Bf16) and [`Compression::Fp16`](crate::Compression::Fp16) send half the bytes,
-    /// [`Compression::Int8`](crate::Compression::Int8) about a quarter. `op` is [`ReduceKind::Sum`] or
-    /// [`ReduceKind::Mean`]; the others are [`CollectiveError::InvalidArgument`].
-    ///
-    /// Partial sums accumulate in f32 and every rank ends with bit-identical values. The
-    /// result differs from the exact one by the compression error, which `compressor` feeds
-    /// back: it keeps what this rank's compressions lost and adds it to the next call's
-    /// contribution (see [`Compressor`]), so repeated calls (one per training step, with one
-    /// compressor per tensor) lose nothing on average. It always runs the bandwidth-optimal
-    /// ring (2(n-1)/n of the compressed bytes per rank) and never a backend's native
-    /// collectives.
-    ///
-    /// Every rank must pass the same format, reduction and length; otherwise every rank fails
-    /// with [`CollectiveError::InvalidArgument`] or [`CollectiveError::LengthMismatch`] and
-    /// the group stays usable. A malformed frame from a peer is
-    /// [`CollectiveError::Protocol`] naming it. [`Compression::Int8`](crate::Compression::Int8) refuses NaN and infinite
-    /// values ([`CollectiveError::InvalidArgument`] on the rank that holds them). After an
-    /// error `data` holds unspecified values and the compressor's residual is cleared.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use rlx_collective::{Compression, Compressor, MemTransport, ProcessGroup, ReduceKind, Transport};
-    ///
-    /// let world: Vec<ProcessGroup> = MemTransport::fan_out(2)
-    ///     .into_iter()
-    ///     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>))
-    ///     .collect();
-    /// std::thread::scope(|s| {
-    ///     for group in &world {
-    ///         s.spawn(move || {
-    ///             // One compressor per tensor, kept from one step to the next.
-    ///             let mut compressor = Compressor::new(Compression::Bf16);
-    ///             let mut grads = [0.5f32, -2.0, 3.0];
-    ///             group
-    ///                 .all_reduce_compressed(&mut grads, ReduceKind::Mean, &mut compressor)
-    ///                 .unwrap();
-    ///             // These values are exact in bf16, so the mean is too.
-    ///             assert_eq!(grads, [0.5, -2.0, 3.0]);
-    ///             assert!(compressor.last_wire_bytes() > 0);
-    ///         });
-    ///     }
-    /// });
-    /// ```
-    pub fn all_reduce_compressed(
-        &self,
-        data: &mut [f32],
-        op: ReduceKind,
-        compressor: &mut Compressor,
-    ) -> Result<()> {
-        self.run(OpKind::AllReduceCompressed, |ctx| {
-            crate::all_reduce::compressed::run(ctx, data, op, compressor)
         })
     }
 
@@ -650,56 +588,6 @@ impl ProcessGroup {
     /// See the example of [`ProcessGroup::spawn_all_reduce`].
     pub fn spawn_barrier(&self) -> CollectiveHandle<()> {
         self.spawn(CollectiveOp::Barrier, crate::barrier::dissemination::run)
-    }
-
-    /// One round of federated averaging. Rank 0 waits up to `deadline` for the others'
-    /// contributions, averages what arrived (always including its own) and sends the average
-    /// to everyone; every rank's `data` ends as that average. Returns the number of
-    /// participants on rank 0 and 0 elsewhere.
-    ///
-    /// A contribution that misses the deadline is discarded: each round has its own identity,
-    /// so it can never be counted in a later round. A rank that was late receives the average
-    /// of the round it was late for and stays in step.
-    ///
-    /// A failure in a round, even a lost member, fails only that round on the ranks it
-    /// touches, never the group (see [the type docs](ProcessGroup#failures)); a round on a
-    /// group that already failed fails at once.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use std::sync::Arc;
-    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
-    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(3).into_iter()
-    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
-    /// std::thread::scope(|s| {
-    ///     for group in &world {
-    ///         s.spawn(move || {
-    ///             let mut model = [group.rank() as f32; 2];
-    ///             let counted = group
-    ///                 .federated_average(&mut model, std::time::Duration::from_secs(10))
-    ///                 .unwrap();
-    ///             assert_eq!(model, [1.0, 1.0]);
-    ///             assert_eq!(counted, if group.rank() == 0 { 3 } else { 0 });
-    ///         });
-    ///     }
-    /// });
-    /// ```
-    pub fn federated_average(&self, data: &mut [f32], deadline: Duration) -> Result<usize> {
-        let id = OpId {
-            scope: FailureScope::Operation,
-            ..self.issue(OpKind::FederatedAverage)
-        };
-        let stale = &self.shared.federated;
-        self.execute(id, |ctx| federated::run(ctx, stale, data, deadline))
-    }
-
-    /// Number of late federated contributions rank 0 still expects from past rounds (they are
-    /// freed as they arrive, at the start of the next round).
-    ///
-    /// See the example of [`ProcessGroup::federated_average`].
-    pub fn federated_outstanding(&self) -> usize {
-        self.shared.federated.lock().outstanding()
     }
 
     /// The reduce dtype for ranks holding `dtypes` (see [`negotiate_reduce_dtype`]).

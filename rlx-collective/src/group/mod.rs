@@ -7,12 +7,15 @@
 //!
 //! This file holds the type, its construction (`new`, `split`) and its settings; the rest of
 //! its methods live by theme: `execute.rs` issues and runs operations, `point_to_point.rs`
-//! sends and receives under user tags, `collectives.rs` wraps every collective,
+//! sends and receives under user tags, `collectives.rs` wraps every exact collective,
+//! `compressed.rs` the compressed all-reduce, `federated.rs` federated averaging,
 //! `membership.rs` shrinks a group to its survivors, and `worker.rs` runs the non-blocking
 //! ones.
 
 mod collectives;
+mod compressed;
 mod execute;
+mod federated;
 mod membership;
 mod point_to_point;
 mod worker;

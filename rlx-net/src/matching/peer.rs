@@ -1,0 +1,99 @@
+//! One peer's part of the matching state: its queue of arrived and arriving messages, its
+//! posted receives, its unexpected-byte budget, whether it is lost, and who holds the reader
+//! role of each of its links.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use super::{Arriving, Body, PostId, Posted, Queued};
+use crate::error::Lost;
+
+/// Who holds the reader role of a link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Holder {
+    Free,
+    /// A receiving thread, for its posted receive.
+    Receiver(PostId),
+    /// A sending thread reading while its own write would block.
+    Sender,
+    /// The background watcher.
+    Background,
+}
+
+/// Reader-role bookkeeping of one link.
+#[derive(Debug)]
+pub(crate) struct LinkSlot {
+    pub(crate) holder: Holder,
+    /// Another thread waits for this link's reader role.
+    pub(crate) wanted: bool,
+    /// When a foreground thread last released it, or the watcher released it while a caller
+    /// waited for it (the watcher leaves busy links alone).
+    pub(crate) released_at: Instant,
+    /// The link's next frame is parked (budget exhausted or waiting for link 0): polling its
+    /// socket would spin, so pollers skip it until the state changes.
+    pub(crate) parked: bool,
+}
+
+/// Per-peer matching state.
+#[derive(Debug)]
+pub(crate) struct PeerState {
+    pub(super) queue: VecDeque<Queued>,
+    pub(super) posted: Vec<Posted>,
+    pub(super) arriving: Vec<Arriving>,
+    pub(super) unexpected_bytes: u64,
+    /// Next sequence number expected at the start of a message (on link 0).
+    pub(super) next_seq: u64,
+    pub(crate) lost: Option<Lost>,
+    pub(crate) links: Vec<LinkSlot>,
+}
+
+impl PeerState {
+    pub(super) fn new(links: usize) -> Self {
+        Self {
+            queue: VecDeque::new(),
+            posted: Vec::new(),
+            arriving: Vec::new(),
+            unexpected_bytes: 0,
+            next_seq: 0,
+            lost: None,
+            links: (0..links)
+                .map(|_| LinkSlot {
+                    holder: Holder::Free,
+                    wanted: false,
+                    released_at: Instant::now(),
+                    parked: false,
+                })
+                .collect(),
+        }
+    }
+
+    pub(super) fn post_mut(&mut self, id: PostId) -> Option<&mut Posted> {
+        self.posted.iter_mut().find(|p| p.id == id)
+    }
+
+    pub(super) fn insert_queued(&mut self, entry: Queued) {
+        let at = self
+            .queue
+            .iter()
+            .position(|q| q.seq > entry.seq)
+            .unwrap_or(self.queue.len());
+        self.queue.insert(at, entry);
+    }
+
+    /// Whether the unexpected budget admits `weight` more bytes (always when nothing is held).
+    pub(super) fn admits(&self, weight: u64, budget: u64) -> bool {
+        self.unexpected_bytes == 0 || self.unexpected_bytes.saturating_add(weight) <= budget
+    }
+
+    /// Drops the buffers of messages that will never complete; only called when no link of
+    /// this peer has a reader (a reader may be writing into them).
+    pub(crate) fn drop_arriving_if_lost(&mut self) {
+        if self.lost.is_none() || self.links.iter().any(|l| l.holder != Holder::Free) {
+            return;
+        }
+        let seqs: Vec<u64> = self.arriving.drain(..).map(|a| a.seq).collect();
+        self.queue
+            .retain(|q| !(matches!(q.body, Body::Arriving) && seqs.contains(&q.seq)));
+        self.unexpected_bytes = self.queue.iter().map(|q| q.weight).sum();
+    }
+}
