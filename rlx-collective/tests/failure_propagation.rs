@@ -323,14 +323,7 @@ mod tcp {
     /// barrier, so it is stuck meanwhile. The others gather, then wait in a broadcast from
     /// rank 0. Any wrong outcome panics, which fails the process.
     fn worker(spec: &str) {
-        let fields: Vec<u32> = spec
-            .split(',')
-            .map(|f| f.parse().expect("a numeric worker field"))
-            .collect();
-        let [rank, n, port] = fields[..] else {
-            panic!("worker spec {spec:?} is not rank,world,port")
-        };
-        let port = u16::try_from(port).expect("a port number");
+        let (rank, n, port) = common::worker_spec(spec);
         let transport = tcp_rank(rank, n, port).expect("a loopback world");
         let group = ProcessGroup::new(Arc::new(transport) as Arc<dyn Transport>);
         let culprit = n - 1;

@@ -36,14 +36,7 @@ const BOUND: Duration = Duration::from_secs(90);
 const FROZEN: u32 = 2;
 
 fn worker(spec: &str) {
-    let fields: Vec<u32> = spec
-        .split(',')
-        .map(|f| f.parse().expect("a numeric worker field"))
-        .collect();
-    let [rank, n, port] = fields[..] else {
-        panic!("worker spec {spec:?} is not rank,world,port")
-    };
-    let port = u16::try_from(port).expect("a port");
+    let (rank, n, port) = common::worker_spec(spec);
     let transport = common::loopback_builder(rank, n, port, OP_TIMEOUT)
         .build()
         .expect("a loopback world");

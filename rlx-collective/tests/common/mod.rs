@@ -71,6 +71,18 @@ impl Drop for Reaper {
     }
 }
 
+/// The `rank,world,port` a re-executed worker was started with (see [`spawn_worker`]).
+pub(crate) fn worker_spec(spec: &str) -> (u32, u32, u16) {
+    let fields: Vec<u32> = spec
+        .split(',')
+        .map(|f| f.parse().expect("a numeric worker field"))
+        .collect();
+    let [rank, n, port] = fields[..] else {
+        panic!("worker spec {spec:?} is not rank,world,port")
+    };
+    (rank, n, u16::try_from(port).expect("a port number"))
+}
+
 /// Starts this test binary again to run only `test`, with `var=spec` telling the copy which
 /// rank it is; its standard streams are piped.
 pub(crate) fn spawn_worker(test: &str, var: &str, spec: String) -> std::process::Child {
