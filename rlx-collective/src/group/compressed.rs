@@ -11,7 +11,7 @@ impl ProcessGroup {
     /// links where the bytes cost more than the arithmetic (1 GbE, Wi-Fi, a shared
     /// Thunderbolt link): [`Compression::Bf16`](crate::Compression::Bf16) and [`Compression::Fp16`](crate::Compression::Fp16) send half the bytes,
     /// [`Compression::Int8`](crate::Compression::Int8) about a quarter. `op` is [`ReduceKind::Sum`] or
-    /// [`ReduceKind::Mean`]; the others are [`CollectiveError::InvalidArgument`].
+    /// [`ReduceKind::Mean`]; the others are [`CollectiveError::InvalidArgument`](crate::CollectiveError::InvalidArgument).
     ///
     /// Partial sums accumulate in f32 and every rank ends with bit-identical values. The
     /// result differs from the exact one by the compression error, which `compressor` feeds
@@ -22,10 +22,10 @@ impl ProcessGroup {
     /// collectives.
     ///
     /// Every rank must pass the same format, reduction and length; otherwise every rank fails
-    /// with [`CollectiveError::InvalidArgument`] or [`CollectiveError::LengthMismatch`] and
+    /// with [`CollectiveError::InvalidArgument`](crate::CollectiveError::InvalidArgument) or [`CollectiveError::LengthMismatch`](crate::CollectiveError::LengthMismatch) and
     /// the group stays usable. A malformed frame from a peer is
-    /// [`CollectiveError::Protocol`] naming it. [`Compression::Int8`](crate::Compression::Int8) refuses NaN and infinite
-    /// values ([`CollectiveError::InvalidArgument`] on the rank that holds them). After an
+    /// [`CollectiveError::Protocol`](crate::CollectiveError::Protocol) naming it. [`Compression::Int8`](crate::Compression::Int8) refuses NaN and infinite
+    /// values ([`CollectiveError::InvalidArgument`](crate::CollectiveError::InvalidArgument) on the rank that holds them). After an
     /// error `data` holds unspecified values and the compressor's residual is cleared.
     ///
     /// # Examples
