@@ -15,7 +15,8 @@
 //!
 //! Frames are little-endian and carry no header: their length follows from the format and the
 //! element count, which the all-reduce agrees on before the first frame. Decoding checks what a
-//! frame's bytes can get wrong: a scale that is NaN, infinite or negative is refused, so a
+//! frame's bytes can get wrong: a scale that is NaN, infinite, negative or larger than a block
+//! of `f32::MAX` has, and a -128 (never encoded) where it would overflow, are refused, so a
 //! hostile or corrupted frame never turns into a wrong answer.
 //!
 //! Frame buffers are `u32` words, so that the f32, bf16 and f16 views of them are aligned
@@ -56,6 +57,12 @@ pub const FRAME_CHUNK: usize = 4096;
 /// The largest int8 magnitude the quantiser produces (the range is symmetric, so -128 is
 /// never used).
 const INT8_MAX: f32 = 127.0;
+
+/// The largest scale an int8 block can have: the largest whose product with 127 is finite.
+/// `f32::MAX / 127` rounds up to a scale that overflows, so this is the float just below it;
+/// a block whose largest magnitude is near `f32::MAX` gets it, and its values land a fraction
+/// of an ulp lower than an exact scale would put them.
+const MAX_SCALE: f32 = f32::from_bits((f32::MAX / INT8_MAX).to_bits() - 1);
 
 /// 1.5 × 2^23: a float whose ulp is 1, so that adding it rounds to an integer (see
 /// `quantise_block`).
@@ -186,8 +193,10 @@ impl Compression {
     }
 
     /// Decompresses `frame` (the words [`Compression::encode`] filled for `dst.len()` values)
-    /// into `dst`. A scale that is NaN, infinite or negative is [`CollectiveError::Protocol`]
-    /// naming `peer`, the rank the frame came from (if known).
+    /// into `dst`. A scale that is NaN, infinite, negative or larger than any block's, or a
+    /// value the encoder never writes that would overflow at its scale, is
+    /// [`CollectiveError::Protocol`] naming `peer`, the rank the frame came from (if known):
+    /// decoding a frame never produces an infinity or a NaN from finite inputs.
     pub fn decode(self, frame: &[u32], dst: &mut [f32], peer: Option<u32>) -> Result<()> {
         let chunk_words = self.frame_words(FRAME_CHUNK);
         let count = dst.len();
@@ -215,10 +224,24 @@ impl Compression {
                     .zip(dst.chunks_mut(INT8_BLOCK))
                     .enumerate()
                 {
-                    if !(scale.is_finite() && scale >= 0.0) {
+                    // No encoder produces a scale above MAX_SCALE, and only those scales can
+                    // overflow to infinity when multiplied by a value of at most 127 in
+                    // magnitude; -128 (never encoded) overflows from a little below it. Both
+                    // are refused, so a finite scale always gives finite values; the -128 scan
+                    // runs only for the few scales where it matters.
+                    if !(scale.is_finite() && (0.0..=MAX_SCALE).contains(&scale)) {
                         return Err(CollectiveError::protocol(
                             peer,
                             format!("int8 frame with scale {scale} in block {index}"),
+                        ));
+                    }
+                    if scale > f32::MAX / 128.0 && block.contains(&i8::MIN) {
+                        return Err(CollectiveError::protocol(
+                            peer,
+                            format!(
+                                "int8 frame with the value -128 (never encoded) at scale \
+                                 {scale} in block {index}"
+                            ),
                         ));
                     }
                     dequantise_block(block, scale, out);
@@ -338,17 +361,31 @@ fn quantise_block(block: &[f32], out: &mut [i8]) -> Result<f32> {
         out.fill(0);
         return Ok(0.0);
     }
-    let scale = max / INT8_MAX;
+    let scale = (max / INT8_MAX).min(MAX_SCALE);
     let inverse = INT8_MAX / max;
-    for (x, q) in block.iter().zip(out.iter_mut()) {
-        // Round to nearest-even without a float-to-int conversion (whose saturation and NaN
-        // rules keep LLVM from vectorising it): adding 1.5 × 2^23 leaves round(y) in the low
-        // mantissa bits of any |y| <= 2^22. The clamp only guards the last ulp of the product.
-        let y = (x * inverse).clamp(-INT8_MAX, INT8_MAX);
-        let shifted = (y + ROUNDING_MAGIC).to_bits() as i32;
-        *q = shifted.wrapping_sub(ROUNDING_MAGIC.to_bits() as i32) as i8;
+    if inverse.is_finite() {
+        for (x, q) in block.iter().zip(out.iter_mut()) {
+            *q = round_to_i8(x * inverse);
+        }
+    } else {
+        // A block whose largest magnitude is below 127 / f32::MAX has no finite inverse (and
+        // zero times an infinite one is NaN), so its rare values are divided instead.
+        for (x, q) in block.iter().zip(out.iter_mut()) {
+            *q = round_to_i8(x / max * INT8_MAX);
+        }
     }
     Ok(scale)
+}
+
+/// `y` (a value scaled to the int8 range) rounded to the nearest integer, ties to even.
+#[inline(always)]
+fn round_to_i8(y: f32) -> i8 {
+    // Round to nearest-even without a float-to-int conversion (whose saturation and NaN rules
+    // keep LLVM from vectorising it): adding 1.5 × 2^23 leaves round(y) in the low mantissa
+    // bits of any |y| <= 2^22. The clamp only guards the last ulp of the product.
+    let y = y.clamp(-INT8_MAX, INT8_MAX);
+    let shifted = (y + ROUNDING_MAGIC).to_bits() as i32;
+    shifted.wrapping_sub(ROUNDING_MAGIC.to_bits() as i32) as i8
 }
 
 /// Dequantises one block of `values` with `scale` into `out`.
@@ -518,6 +555,45 @@ mod tests {
                 matches!(error, CollectiveError::Protocol { peer: Some(5), .. }),
                 "{error}"
             );
+        }
+    }
+
+    /// Found by fuzzing (`compressed_frame`): a finite scale far above any encoder's made
+    /// `decode` return infinities instead of refusing the frame; and a block holding
+    /// `f32::MAX` decoded to infinity, since `f32::MAX / 127` rounds up.
+    #[test]
+    fn int8_refuses_scales_and_values_that_would_overflow() {
+        let mut frame = vec![0u32; Compression::Int8.frame_words(3)];
+        let mut out = [0.0; 3];
+        frame[0] = 2.0e38f32.to_bits();
+        frame[1] = u32::from_le_bytes([0xf2, 1, 1, 0]);
+        assert!(Compression::Int8.decode(&frame, &mut out, Some(2)).is_err());
+        frame[0] = MAX_SCALE.to_bits();
+        assert!(Compression::Int8.decode(&frame, &mut out, Some(2)).is_ok());
+        assert!(out.iter().all(|x| x.is_finite()), "{out:?}");
+        frame[1] = u32::from_le_bytes([0x80, 1, 1, 0]);
+        assert!(Compression::Int8.decode(&frame, &mut out, Some(2)).is_err());
+        // The same bug on the encoder's side: a block holding f32::MAX came back infinite.
+        assert!((INT8_MAX * MAX_SCALE).is_finite());
+        let extremes = [f32::MAX, -f32::MAX, 1.0];
+        let back = round_trip(Compression::Int8, &extremes);
+        assert!(back.iter().all(|x| x.is_finite()), "{back:?}");
+        assert!(
+            back[0] > f32::MAX * 0.999 && back[1] < -f32::MAX * 0.999,
+            "{back:?}"
+        );
+    }
+
+    /// Found while fuzzing (`compressed_frame`): in a block whose largest magnitude is below
+    /// 127 / f32::MAX the inverse scale overflowed, so every nonzero value came back as the
+    /// block's largest and zeros as garbage.
+    #[test]
+    fn int8_keeps_blocks_of_tiny_values() {
+        let src = [1e-37f32, 0.0, -2e-38, 5e-38];
+        let out = round_trip(Compression::Int8, &src);
+        let step = 1e-37 / 127.0;
+        for (x, y) in src.iter().zip(&out) {
+            assert!((x - y).abs() <= step, "{src:?} came back as {out:?}");
         }
     }
 

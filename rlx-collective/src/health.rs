@@ -35,6 +35,19 @@ pub(crate) const GROUP_NOTICE_PHASE: u16 = u16::MAX;
 /// second; long enough that waiting costs nothing measurable (one poll per member per slice).
 pub(crate) const NOTICE_SLICE: Duration = Duration::from_millis(10);
 
+/// How much longer a slice lasts per byte of the awaited message: one nanosecond, the time a
+/// byte takes to land at 1 GB/s. A socket transport whose deadline falls while a message is
+/// landing in the caller's buffer must move the landed bytes into a copy of its own; slices
+/// as long as a slow link needs for the whole message make that rare for large messages.
+const SLICE_PER_BYTE: Duration = Duration::from_nanos(1);
+
+/// How long one wait of a receive of `expected` bytes lasts before the group's notices are
+/// looked at again.
+pub(crate) fn slice_for(expected: usize) -> Duration {
+    NOTICE_SLICE
+        .saturating_add(SLICE_PER_BYTE.saturating_mul(u32::try_from(expected).unwrap_or(u32::MAX)))
+}
+
 /// The tag of `group`'s failure notices.
 pub(crate) const fn notice_tag(group: u16) -> Tag {
     Tag::op(group, 0, GROUP_NOTICE_PHASE)

@@ -7,12 +7,48 @@
 
 use std::ops::Range;
 
+use crate::{CollectiveError, Result};
+
 /// The `index`-th of `parts` near-equal pieces of `0..count` (the first pieces are the shorter
 /// ones when `count` does not divide evenly).
 pub(crate) fn balanced(count: usize, parts: usize, index: usize) -> Range<usize> {
     let parts = parts.max(1) as u128;
     let at = |i: usize| ((i as u128 * count as u128) / parts) as usize;
     at(index)..at(index + 1)
+}
+
+/// `data[send]` to read and `data[recv]` to write at the same time, for an exchange step whose
+/// outgoing and incoming pieces share one buffer. Overlapping non-empty ranges are refused
+/// (no schedule produces them).
+pub(crate) fn send_and_recv(
+    data: &mut [u8],
+    send: Range<usize>,
+    recv: Range<usize>,
+) -> Result<(&[u8], &mut [u8])> {
+    let out_of_place = || {
+        CollectiveError::invalid(format!(
+            "exchange pieces {send:?} and {recv:?} overlap or leave a buffer of {} bytes",
+            data.len()
+        ))
+    };
+    if send.end > data.len() || recv.end > data.len() {
+        return Err(out_of_place());
+    }
+    if send.is_empty() {
+        return Ok((&[], &mut data[recv]));
+    }
+    if recv.is_empty() {
+        return Ok((&data[send], &mut []));
+    }
+    if send.start >= recv.end {
+        let (low, high) = data.split_at_mut(send.start);
+        Ok((&high[..send.len()], &mut low[recv]))
+    } else if recv.start >= send.end {
+        let (low, high) = data.split_at_mut(recv.start);
+        Ok((&low[send], &mut high[..recv.len()]))
+    } else {
+        Err(out_of_place())
+    }
 }
 
 /// How a buffer is cut into one block per rank, in elements.

@@ -86,6 +86,8 @@ pub mod conformance;
 mod debug_log;
 mod federated;
 pub mod flight;
+#[doc(hidden)]
+pub mod fuzzing;
 mod gather;
 mod group;
 mod handle;

@@ -15,16 +15,10 @@ use std::time::Duration;
 
 use crate::all_reduce::one_sided::region::OneSided;
 use crate::flight::FlightRecorder;
-use crate::health::{FailureScope, Health, NOTICE_SLICE, Watch};
+use crate::health::{FailureScope, Health, NOTICE_SLICE, Watch, slice_for};
 use crate::select::{Algorithm, CollectiveOp, Settings};
 use crate::wait_chain::ANSWER_PHASE;
 use crate::{CollectiveError, DType, Failure, NativeCollectives, Result, Tag, Transport};
-
-/// How much longer a slice lasts per byte of the awaited message: one nanosecond, the time a
-/// byte takes to land at 1 GB/s. A socket transport whose deadline falls while a message is
-/// landing in the caller's buffer must move the landed bytes into a copy of its own; slices
-/// as long as a slow link needs for the whole message make that rare for large messages.
-const SLICE_PER_BYTE: Duration = Duration::from_nanos(1);
 
 /// What an issued operation is: the executor tells by it which group state the operation
 /// uses, and messages and thread names name the operation by it.
@@ -224,13 +218,49 @@ impl<'a> OpCtx<'a> {
         let peer = self.world_rank(from)?;
         self.flight.waiting(self.seq, peer);
         let expected = buf.len();
-        let slice = NOTICE_SLICE.saturating_add(
-            SLICE_PER_BYTE.saturating_mul(u32::try_from(expected).unwrap_or(u32::MAX)),
-        );
-        let got = self.watch.wait(self.timeout, slice, peer, |deadline| {
-            self.transport
-                .recv_message_into(peer, self.tag, buf, deadline)
-        })?;
+        let got = self
+            .watch
+            .wait(self.timeout, slice_for(expected), peer, |deadline| {
+                self.transport
+                    .recv_message_into(peer, self.tag, buf, deadline)
+            })?;
+        self.landed(peer, expected, got)
+    }
+
+    /// Sends `bytes` to group rank `to` and receives the next message of this operation from
+    /// group rank `from` into `buf`, which it must fill exactly, as one exchange: the transport
+    /// lands the incoming message in `buf` while it writes the outgoing one (see
+    /// [`Transport::send_recv_into`]). Every step of a ring or of a pairwise exchange is one.
+    pub(crate) fn send_recv_into(
+        &self,
+        to: u32,
+        bytes: &[u8],
+        from: u32,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let to = self.world_rank(to)?;
+        let peer = self.world_rank(from)?;
+        self.watch.check()?;
+        self.flight.waiting(self.seq, peer);
+        let expected = buf.len();
+        let mut sent = false;
+        let got = self
+            .watch
+            .wait(self.timeout, slice_for(expected), peer, |deadline| {
+                if std::mem::replace(&mut sent, true) {
+                    self.transport
+                        .recv_message_into(peer, self.tag, buf, deadline)
+                } else {
+                    self.transport
+                        .send_recv_into(to, peer, self.tag, &[bytes], buf, deadline)
+                }
+            })?;
+        self.landed(peer, expected, got)
+    }
+
+    /// The end of a receive of `expected` bytes from world rank `peer`: `got` bytes, or none
+    /// within the operation timeout.
+    fn landed(&self, peer: u32, expected: usize, got: Option<usize>) -> Result<()> {
         match got {
             Some(got) if got == expected => Ok(()),
             Some(got) => Err(CollectiveError::LengthMismatch {

@@ -3,6 +3,7 @@
 //! | what happened | error |
 //! |---|---|
 //! | EOF, reset or a failed write on a link; the peer sent a close frame | `PeerLost{peer, reason}`, the reason naming the address |
+//! | nothing heard from the peer, not even a heartbeat, for five heartbeat intervals | `PeerLost{peer, reason}`, the reason saying for how many ms |
 //! | bytes that break the frame or handshake protocol | `Protocol{peer, detail}` (the peer is then lost too) |
 //! | a receive's or send's deadline | `Timeout{peer, op, after}` |
 //! | a socket call failed during bootstrap | `Io{peer, source}` |

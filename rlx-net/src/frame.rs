@@ -32,6 +32,9 @@ pub(crate) enum FrameKind {
     Failure = 2,
     /// The sender is closing its transport on purpose; no payload, no seq of its own.
     Close = 3,
+    /// A heartbeat: the sender's transport is alive, and this link was silent in its direction
+    /// for a while. No payload, no seq of its own; the receiver only notes that it heard.
+    Beat = 4,
 }
 
 /// A decoded frame header.
@@ -88,6 +91,7 @@ impl FrameHeader {
             1 => FrameKind::Data,
             2 => FrameKind::Failure,
             3 => FrameKind::Close,
+            4 => FrameKind::Beat,
             other => return Err(bad(format!("unknown frame kind {other}"))),
         };
         if bytes[1..8].iter().any(|&b| b != 0) {
@@ -127,6 +131,11 @@ impl FrameHeader {
             FrameKind::Close => {
                 if header.total != 0 {
                     return Err(bad("close frame with a payload".to_owned()));
+                }
+            }
+            FrameKind::Beat => {
+                if header.total != 0 {
+                    return Err(bad("heartbeat frame with a payload".to_owned()));
                 }
             }
         }
@@ -198,6 +207,8 @@ mod tests {
         assert_eq!(FrameHeader::decode(1, &f.encode(), CAP).unwrap(), f);
         let c = FrameHeader::whole(FrameKind::Close, Tag::from_raw(0), 0, 0);
         assert_eq!(FrameHeader::decode(1, &c.encode(), CAP).unwrap(), c);
+        let b = FrameHeader::whole(FrameKind::Beat, Tag::from_raw(0), 0, 0);
+        assert_eq!(FrameHeader::decode(1, &b.encode(), CAP).unwrap(), b);
     }
 
     fn refused(bytes: [u8; HEADER_LEN]) -> String {
@@ -245,6 +256,7 @@ mod tests {
         refused(outside.encode());
         refused(FrameHeader::whole(FrameKind::Failure, Tag::from_raw(0), 0, 16).encode());
         refused(FrameHeader::whole(FrameKind::Close, Tag::from_raw(0), 0, 1).encode());
+        refused(FrameHeader::whole(FrameKind::Beat, Tag::from_raw(0), 0, 1).encode());
         refused([0xAB; HEADER_LEN]);
     }
 

@@ -12,22 +12,23 @@
 //!
 //! Everything here is byte encoding and checking without sockets; `bootstrap/` runs it.
 
-use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
 use rlx_transport::CollectiveError;
 
+use crate::auth::{self, MAC_LEN};
+
 /// First bytes of every hello and reply.
 pub(crate) const MAGIC: [u8; 8] = *b"RLXTCP\r\n";
-/// Version of this wire protocol (frames and handshake). 2: failure notices may carry
-/// `Failure::GroupFailed` (kind 3), which version 1 cannot decode.
-pub(crate) const PROTOCOL_VERSION: u32 = 2;
+/// Version of this wire protocol (frames, handshake and rendezvous store). 2: failure notices
+/// may carry `Failure::GroupFailed` (kind 3), which version 1 cannot decode. 3: a store
+/// registration carries flags and a nonce, the store proves and checks the job secret, and
+/// links carry heartbeat frames (kind 4), which version 2 refuses as unknown.
+pub(crate) const PROTOCOL_VERSION: u32 = 3;
 /// Encoded size of a [`Hello`].
 pub(crate) const HELLO_LEN: usize = 72;
 /// Encoded size of a [`Reply`] without its reason text.
 pub(crate) const REPLY_LEN: usize = 74;
-/// Size of an HMAC-SHA256 tag.
-pub(crate) const MAC_LEN: usize = 32;
 /// Longest refusal reason sent or read.
 pub(crate) const MAX_REASON: usize = 512;
 
@@ -47,22 +48,6 @@ pub(crate) fn job_digest(job_id: &str) -> [u8; 16] {
     let mut out = [0u8; 16];
     out.copy_from_slice(&full[..16]);
     out
-}
-
-/// Random bytes for nonces and process instances, from the operating system's generator.
-///
-/// Fails closed: without randomness a nonce would be predictable and the secret's
-/// challenge-response replayable, so bootstrap stops instead of falling back to anything weaker.
-pub(crate) fn random_bytes<const N: usize>() -> Result<[u8; N], CollectiveError> {
-    let mut out = [0u8; N];
-    getrandom::fill(&mut out).map_err(|e| CollectiveError::Io {
-        peer: None,
-        source: std::io::Error::other(format!(
-            "the operating system's random number generator failed ({e}); handshake nonces \
-             cannot be made"
-        )),
-    })?;
-    Ok(out)
 }
 
 /// The connector's opening message.
@@ -350,6 +335,16 @@ pub(crate) enum Side {
     Connector,
 }
 
+impl Side {
+    /// The label the side's MACs start with.
+    fn label(self) -> &'static [u8] {
+        match self {
+            Side::Acceptor => b"rlx-acceptor",
+            Side::Connector => b"rlx-connector",
+        }
+    }
+}
+
 /// HMAC-SHA256 with `secret` over the side label, the hello and a nonce.
 pub(crate) fn mac(
     secret: &[u8],
@@ -357,17 +352,7 @@ pub(crate) fn mac(
     hello: &[u8; HELLO_LEN],
     nonce: &[u8; 16],
 ) -> [u8; MAC_LEN] {
-    let mut out = [0u8; MAC_LEN];
-    if let Ok(mut m) = Hmac::<Sha256>::new_from_slice(secret) {
-        m.update(match side {
-            Side::Acceptor => b"rlx-acceptor",
-            Side::Connector => b"rlx-connector",
-        });
-        m.update(hello);
-        m.update(nonce);
-        out.copy_from_slice(&m.finalize().into_bytes());
-    }
-    out
+    auth::mac(secret, &[side.label(), hello, nonce])
 }
 
 /// Whether `tag` is the MAC [`mac`] computes, compared in constant time.
@@ -378,16 +363,7 @@ pub(crate) fn verify_mac(
     nonce: &[u8; 16],
     tag: &[u8; MAC_LEN],
 ) -> bool {
-    let Ok(mut m) = Hmac::<Sha256>::new_from_slice(secret) else {
-        return false;
-    };
-    m.update(match side {
-        Side::Acceptor => b"rlx-acceptor",
-        Side::Connector => b"rlx-connector",
-    });
-    m.update(hello);
-    m.update(nonce);
-    m.verify_slice(tag).is_ok()
+    auth::verify(secret, &[side.label(), hello, nonce], tag)
 }
 
 #[cfg(test)]

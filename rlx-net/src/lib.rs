@@ -6,6 +6,8 @@
 //! Layout (the same file names serve every socket transport of the workspace):
 //! - `frame.rs`: the frame header (64-bit lengths, frame cap, kinds), pure functions;
 //! - `handshake.rs`: magic, version, job id, rank, world size, optional HMAC, pure functions;
+//! - `auth.rs`: the proof of `RLX_JOB_SECRET` (HMAC-SHA256 challenge-response, nonces) that
+//!   the handshake, the rendezvous store and the admission desk share;
 //! - `bootstrap/`: listeners, the rank-0 rendezvous store, connecting with backoff and
 //!   accepting with a deadline;
 //! - `matching.rs`: the matching state machine (posted receives, arriving and unexpected
@@ -18,9 +20,11 @@
 //! hostfiles, `RLX_SOCKET_IFNAME`, `RLX_TIMEOUT_MS`, `RLX_JOB_SECRET`, `RLX_JOB_ID`,
 //! `RLX_SOCKETS_PER_PEER`, `RLX_MAX_FRAME_BYTES`) is parsed by [`rlx_transport::bootstrap`],
 //! shared with the Thunderbolt transport; [`TcpTransport::from_env`] also reads `RLX_SPIN_US`
-//! (see [`TcpTransportBuilder::spin`]).
+//! and `RLX_HEARTBEAT_MS` (see [`TcpTransportBuilder::spin`] and
+//! [`TcpTransportBuilder::heartbeat`]).
 //!
-//! Errors: a peer that closes, crashes or resets fails every operation that needs it with
+//! Errors: a peer that closes, crashes or resets, or that sends nothing (not even a heartbeat)
+//! for five heartbeat intervals, fails every operation that needs it with
 //! [`CollectiveError::PeerLost`] naming its rank and address; bytes that break the protocol give
 //! [`CollectiveError::Protocol`]; a deadline gives [`CollectiveError::Timeout`] (a send that
 //! times out mid-message also makes the peer lost, since its link is then unusable); a bad
@@ -35,9 +39,12 @@
 //! [`Transport`]: rlx_transport::Transport
 
 mod admission;
+mod auth;
 mod bootstrap;
 mod error;
 mod frame;
+#[doc(hidden)]
+pub mod fuzzing;
 mod handshake;
 mod matching;
 mod progress;

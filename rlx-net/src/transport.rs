@@ -16,7 +16,7 @@ use crate::bootstrap::{
 use crate::frame::FrameKind;
 use crate::handshake::job_digest;
 use crate::matching::Outcome;
-use crate::progress::{DEFAULT_SPIN, Engine, EngineConfig, PeerIo};
+use crate::progress::{DEFAULT_HEARTBEAT, DEFAULT_SPIN, Engine, EngineConfig, PeerIo};
 use crate::sync::{Arc, thread};
 
 /// Default frame cap: the largest message accepted from the wire (`RLX_MAX_FRAME_BYTES`).
@@ -93,6 +93,7 @@ pub struct TcpTransportBuilder {
     bind_ip: Option<IpAddr>,
     ifname: Option<IfnameFilter>,
     spin: Duration,
+    heartbeat: Duration,
     socket_setup: Option<SocketSetup>,
 }
 
@@ -129,6 +130,7 @@ impl Default for TcpTransportBuilder {
             bind_ip: None,
             ifname: None,
             spin: DEFAULT_SPIN,
+            heartbeat: DEFAULT_HEARTBEAT,
             socket_setup: None,
         }
     }
@@ -190,7 +192,11 @@ impl TcpTransportBuilder {
         self
     }
 
-    /// A shared secret: peers prove they hold it (HMAC-SHA256 challenge–response).
+    /// A shared secret: every link's handshake, every registration with the rank-0 rendezvous
+    /// store and every joiner's admission proves both sides hold it (HMAC-SHA256
+    /// challenge–response both ways), so that a process without it can neither take a rank's
+    /// link, publish an address for a rank, nor read the store's address table. Use a long
+    /// random secret: anyone who can connect sees an HMAC over bytes it knows.
     pub fn job_secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
         self.secret = Some(secret.into());
         self
@@ -239,6 +245,43 @@ impl TcpTransportBuilder {
     pub fn spin(mut self, spin: Duration) -> Self {
         self.spin = spin;
         self
+    }
+
+    /// How often the transport's background thread sends a heartbeat on a link that carried
+    /// nothing else (default 1 s; `RLX_HEARTBEAT_MS` with [`TcpTransport::from_env`]); zero
+    /// turns heartbeats off.
+    ///
+    /// A peer that sent nothing at all (no message, no heartbeat) for five intervals is lost:
+    /// every operation that needs it fails with [`CollectiveError::PeerLost`] saying for how long
+    /// it was silent, without waiting for the operation timeout. This is what notices a
+    /// stopped process (SIGSTOP, a debugger), a cut link or a machine gone to sleep, which send
+    /// no reset. The beats come from the transport's own thread, so a caller that computes for
+    /// a long time without calling the transport stays alive to its peers. Every rank should
+    /// use the same interval: a rank beating less often than its peers' window is lost to them.
+    pub fn heartbeat(mut self, interval: Duration) -> Self {
+        self.heartbeat = interval;
+        self
+    }
+
+    /// Applies the engine's tuning variables of the environment: `RLX_SPIN_US` (see
+    /// [`spin`](Self::spin)) and `RLX_HEARTBEAT_MS` (see [`heartbeat`](Self::heartbeat)).
+    /// Fails with `Config` when one is set but is not a number.
+    pub fn tuning_env(mut self) -> Result<Self> {
+        let number = |name: &str| -> Result<Option<u64>> {
+            match std::env::var(name) {
+                Ok(value) => value.trim().parse().map(Some).map_err(|_| {
+                    CollectiveError::config(format!("{name}={value:?} is not a number"))
+                }),
+                Err(_) => Ok(None),
+            }
+        };
+        if let Some(us) = number("RLX_SPIN_US")? {
+            self.spin = Duration::from_micros(us);
+        }
+        if let Some(ms) = number("RLX_HEARTBEAT_MS")? {
+            self.heartbeat = Duration::from_millis(ms);
+        }
+        Ok(self)
     }
 
     /// A hook that sees every socket bootstrap creates before it is used: each listening
@@ -369,6 +412,7 @@ impl TcpTransportBuilder {
                 min_striped: self.min_striped.max(1),
                 op_timeout: self.op_timeout,
                 spin: self.spin,
+                heartbeat: self.heartbeat,
             },
             peers,
         )
@@ -438,14 +482,10 @@ impl TcpTransport {
     /// # Ok::<(), rlx_transport::CollectiveError>(())
     /// ```
     pub fn from_env() -> Result<TcpTransport> {
-        let mut builder = Self::builder().launch_env(LaunchEnv::from_env()?);
-        if let Ok(value) = std::env::var("RLX_SPIN_US") {
-            let us: u64 = value.trim().parse().map_err(|_| {
-                CollectiveError::config(format!("RLX_SPIN_US={value:?} is not a number"))
-            })?;
-            builder = builder.spin(Duration::from_micros(us));
-        }
-        builder.build()
+        Self::builder()
+            .launch_env(LaunchEnv::from_env()?)
+            .tuning_env()?
+            .build()
     }
 
     /// The address of `rank`'s first link, when connected.
@@ -462,7 +502,10 @@ impl TcpTransport {
     /// the same variables as [`TcpTransport::from_env`], whose rank and world size are
     /// ignored.
     pub fn join_from_env() -> Result<TcpTransport> {
-        Self::builder().launch_env(LaunchEnv::from_env()?).join()
+        Self::builder()
+            .launch_env(LaunchEnv::from_env()?)
+            .tuning_env()?
+            .join()
     }
 
     fn finish(&self, from: u32, outcome: Outcome) -> Result<Vec<u8>> {
@@ -511,29 +554,28 @@ impl Transport for TcpTransport {
         timeout: Duration,
     ) -> Result<Option<usize>> {
         let capacity = buf.len();
-        match self.engine.recv(from, tag, Some(&mut *buf), timeout)? {
-            None => Ok(None),
-            Some(Outcome::Landed(n)) => Ok(Some(n)),
-            Some(Outcome::Owned(bytes)) => {
-                let dst = buf
-                    .get_mut(..bytes.len())
-                    .ok_or(CollectiveError::LengthMismatch {
-                        op: "recv",
-                        peer: Some(from),
-                        expected: capacity as u64,
-                        got: bytes.len() as u64,
-                    })?;
-                dst.copy_from_slice(&bytes);
-                Ok(Some(bytes.len()))
-            }
-            Some(Outcome::Failure(f)) => Err(f.into_error(from)),
-            Some(Outcome::TooLong { capacity, got }) => Err(CollectiveError::LengthMismatch {
-                op: "recv",
-                peer: Some(from),
-                expected: capacity as u64,
-                got,
-            }),
-        }
+        let outcome = self.engine.recv(from, tag, Some(&mut *buf), timeout)?;
+        into_buffer(outcome, buf, from, capacity)
+    }
+
+    fn traffic(&self) -> Option<rlx_transport::Traffic> {
+        Some(self.engine.traffic())
+    }
+
+    fn send_recv_into(
+        &self,
+        to: u32,
+        from: u32,
+        tag: Tag,
+        parts: &[&[u8]],
+        buf: &mut [u8],
+        timeout: Duration,
+    ) -> Result<Option<usize>> {
+        let capacity = buf.len();
+        let outcome = self
+            .engine
+            .send_recv(to, from, tag, parts, &mut *buf, timeout)?;
+        into_buffer(outcome, buf, from, capacity)
     }
 
     fn send_failure(&self, to: u32, tag: Tag, failure: Failure) -> Result<()> {
@@ -564,5 +606,38 @@ impl Drop for TcpTransport {
         if let Some(watcher) = self.watcher.take() {
             let _ = watcher.join();
         }
+    }
+}
+
+/// What a receive into the caller's `buf` (of `capacity` bytes) from `from` ended with, as the
+/// [`Transport`] contract states it: the length landed, or `None` at the deadline.
+fn into_buffer(
+    outcome: Option<Outcome>,
+    buf: &mut [u8],
+    from: u32,
+    capacity: usize,
+) -> Result<Option<usize>> {
+    match outcome {
+        None => Ok(None),
+        Some(Outcome::Landed(n)) => Ok(Some(n)),
+        Some(Outcome::Owned(bytes)) => {
+            let dst = buf
+                .get_mut(..bytes.len())
+                .ok_or(CollectiveError::LengthMismatch {
+                    op: "recv",
+                    peer: Some(from),
+                    expected: capacity as u64,
+                    got: bytes.len() as u64,
+                })?;
+            dst.copy_from_slice(&bytes);
+            Ok(Some(bytes.len()))
+        }
+        Some(Outcome::Failure(f)) => Err(f.into_error(from)),
+        Some(Outcome::TooLong { capacity, got }) => Err(CollectiveError::LengthMismatch {
+            op: "recv",
+            peer: Some(from),
+            expected: capacity as u64,
+            got,
+        }),
     }
 }

@@ -7,7 +7,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -23,55 +23,37 @@ const LEN: usize = 8 << 20;
 /// victim's loss first, then aborts, joins and drops everything and counts its threads.
 fn pairwise_worker() -> Result<(), String> {
     let t = Arc::new(common::from_env()?);
-    let (rank, n) = (t.rank(), t.world_size());
-    let (tx, rx) = mpsc::channel::<(CollectiveError, u128)>();
-    let threads: Vec<_> = (0..n)
-        .filter(|&p| p != rank)
-        .map(|peer| {
-            let t = Arc::clone(&t);
-            let tx = tx.clone();
-            thread::spawn(move || {
-                let out = pattern(rank, 0, LEN);
-                let want = pattern(peer, 0, LEN);
-                let mut buf = vec![0u8; LEN];
-                let mut rounds = 0u64;
-                let tag = match rlx_transport::Tag::user(1) {
-                    Ok(tag) => tag,
-                    Err(e) => {
-                        let _ = tx.send((e, now_ms()));
-                        return;
-                    }
-                };
-                let err = loop {
-                    if let Err(e) = t.send_bytes(peer, 1, &out) {
-                        break e;
-                    }
-                    match t.recv_message_into(peer, tag, &mut buf, t.op_timeout()) {
-                        Ok(Some(len)) if len == LEN && buf == want => rounds += 1,
-                        Ok(other) => {
-                            break CollectiveError::protocol(
-                                Some(peer),
-                                format!("wrong message after {rounds} rounds: {other:?}"),
-                            );
-                        }
-                        Err(e) => break e,
-                    }
-                    if rounds == 1 {
-                        println!("running with peer {peer}");
-                    }
-                };
-                let _ = tx.send((err, now_ms()));
-            })
-        })
-        .collect();
-    drop(tx);
-    let (first, at) = rx.recv().map_err(|e| format!("no thread reported: {e}"))?;
-    println!("lost: {} at {at}", common::describe(&first));
-    thread::sleep(Duration::from_millis(2000));
-    t.abort();
-    for h in threads {
-        h.join().map_err(|_| "a peer thread panicked".to_owned())?;
-    }
+    let rank = t.rank();
+    let peers = Arc::clone(&t);
+    common::until_first_failure(&t, Duration::from_millis(2000), move |peer| {
+        let t = &peers;
+        let out = pattern(rank, 0, LEN);
+        let want = pattern(peer, 0, LEN);
+        let mut buf = vec![0u8; LEN];
+        let mut rounds = 0u64;
+        let tag = match rlx_transport::Tag::user(1) {
+            Ok(tag) => tag,
+            Err(e) => return e,
+        };
+        loop {
+            if let Err(e) = t.send_bytes(peer, 1, &out) {
+                break e;
+            }
+            match t.recv_message_into(peer, tag, &mut buf, t.op_timeout()) {
+                Ok(Some(len)) if len == LEN && buf == want => rounds += 1,
+                Ok(other) => {
+                    break CollectiveError::protocol(
+                        Some(peer),
+                        format!("wrong message after {rounds} rounds: {other:?}"),
+                    );
+                }
+                Err(e) => break e,
+            }
+            if rounds == 1 {
+                println!("running with peer {peer}");
+            }
+        }
+    })?;
     drop(t);
     println!("threads after drop: {}", thread_count());
     Ok(())
@@ -164,32 +146,12 @@ fn kill_one_of_four_mid_transfer() {
     println!("slowest survivor of {rounds} rounds noticed the kill after {worst} ms");
 }
 
-fn local_world(n: u32, timeout: Duration) -> Vec<TcpTransport> {
-    let port = free_port();
-    let handles: Vec<_> = (0..n)
-        .map(|rank| {
-            thread::spawn(move || {
-                TcpTransport::builder()
-                    .rank(rank)
-                    .world_size(n)
-                    .master("127.0.0.1", port)
-                    .op_timeout(timeout)
-                    .connect_timeout(Duration::from_secs(20))
-                    .build()
-            })
-        })
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().unwrap().unwrap())
-        .collect()
-}
-
 fn abort_wakes_blocked_calls() {
-    let w: Vec<Arc<TcpTransport>> = local_world(2, Duration::from_secs(60))
-        .into_iter()
-        .map(Arc::new)
-        .collect();
+    let w: Vec<Arc<TcpTransport>> =
+        common::local_world(2, |b| b.op_timeout(Duration::from_secs(60)))
+            .into_iter()
+            .map(Arc::new)
+            .collect();
     let blocked = {
         let t = Arc::clone(&w[0]);
         thread::spawn(move || t.recv_bytes(1, 3))
@@ -219,7 +181,7 @@ fn abort_wakes_blocked_calls() {
 }
 
 fn a_dropped_transport_is_a_lost_peer() {
-    let mut w = local_world(3, Duration::from_secs(60));
+    let mut w = common::local_world(3, |b| b.op_timeout(Duration::from_secs(60)));
     let survivor = Arc::new(w.remove(0));
     let blocked = {
         let t = Arc::clone(&survivor);
@@ -245,7 +207,7 @@ fn a_dropped_transport_is_a_lost_peer() {
 }
 
 fn a_silent_peer_times_out() {
-    let w = local_world(2, Duration::from_millis(300));
+    let w = common::local_world(2, |b| b.op_timeout(Duration::from_millis(300)));
     let start = Instant::now();
     let err = w[0].recv_bytes(1, 9).unwrap_err();
     assert!(
@@ -264,7 +226,7 @@ fn a_silent_peer_times_out() {
 
 fn dropping_ends_every_thread() {
     let before = thread_count();
-    let w = local_world(3, Duration::from_secs(30));
+    let w = common::local_world(3, |b| b.op_timeout(Duration::from_secs(30)));
     assert!(thread_count() > before, "each transport runs a watcher");
     w[0].send_bytes(1, 0, b"x").unwrap();
     assert_eq!(w[1].recv_bytes(0, 0).unwrap(), b"x");

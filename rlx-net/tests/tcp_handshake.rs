@@ -11,9 +11,10 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{assert_all_ok, free_port, spawn, wait_all};
+use common::{
+    PROTOCOL_VERSION, assert_all_ok, free_port, hello, spawn, wait_all, wait_established,
+};
 use rlx_transport::{CollectiveError, Transport};
-use sha2::{Digest, Sha256};
 
 const JOB: &str = "refusal-test";
 
@@ -38,27 +39,6 @@ fn worker(role: &str) -> Result<(), String> {
         }
         other => Err(format!("unknown role {other}")),
     }
-}
-
-fn job_digest(job: &str) -> [u8; 16] {
-    let full = Sha256::digest(job.as_bytes());
-    let mut out = [0u8; 16];
-    out.copy_from_slice(&full[..16]);
-    out
-}
-
-/// The wire protocol version these hand-made hellos speak.
-const PROTOCOL_VERSION: u32 = 2;
-
-fn hello(job: &str, world: u32, rank: u32) -> [u8; 72] {
-    let mut h = [0u8; 72];
-    h[0..8].copy_from_slice(b"RLXTCP\r\n");
-    h[8..12].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
-    h[16..32].copy_from_slice(&job_digest(job));
-    h[32..36].copy_from_slice(&world.to_le_bytes());
-    h[36..40].copy_from_slice(&rank.to_le_bytes());
-    h[44..48].copy_from_slice(&1u32.to_le_bytes());
-    h
 }
 
 fn connect(port: u16) -> TcpStream {
@@ -91,36 +71,6 @@ fn refused(port: u16, bytes: &[u8]) -> (u32, String) {
     let mut rest = [0u8; 1];
     assert!(matches!(s.read(&mut rest), Ok(0) | Err(_)));
     (code, reason)
-}
-
-/// Waits until at least `n` connections to the local `port` are established (read from
-/// `/proc/net/tcp{,6}`), so the test knows which ranks are already connected.
-fn wait_established(port: u16, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let suffix = format!(":{port:04X}");
-    loop {
-        let count: usize = ["/proc/net/tcp", "/proc/net/tcp6"]
-            .iter()
-            .filter_map(|f| std::fs::read_to_string(f).ok())
-            .map(|table| {
-                table
-                    .lines()
-                    .filter(|l| {
-                        let cols: Vec<&str> = l.split_whitespace().collect();
-                        cols.len() > 3 && cols[1].ends_with(&suffix) && cols[3] == "01"
-                    })
-                    .count()
-            })
-            .sum();
-        if count >= n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "only {count} connections to port {port}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn hostfile(ports: &[u16]) -> String {
@@ -177,7 +127,8 @@ fn strangers_are_refused_while_the_job_completes() {
         "magic: {code} {reason}"
     );
 
-    // A peer of the previous protocol (which cannot decode group-wide failure notices).
+    // A peer of the previous protocol (whose store registrations have no room for a proof of
+    // the job secret).
     let mut old_version = hello(JOB, 4, 3);
     old_version[8..12].copy_from_slice(&(PROTOCOL_VERSION - 1).to_le_bytes());
     let (code, reason) = refused(ports[0], &old_version);

@@ -13,8 +13,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::in_process::{all_reduce_is_exact, build, free_ports, joined, loopback};
 use rlx_net::TcpTransport;
-use rlx_transport::{CollectiveError, Transport};
 
 /// The hello deadline of the ranks here.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
@@ -129,80 +131,6 @@ fn builder(rank: u32, world: u32) -> rlx_net::TcpTransportBuilder {
         .hello_timeout(HELLO_TIMEOUT)
 }
 
-/// Builds the ranks `ranks` on threads.
-fn build(
-    ranks: std::ops::Range<u32>,
-    make: &impl Fn(u32) -> rlx_net::TcpTransportBuilder,
-) -> Vec<JoinHandle<Result<TcpTransport, CollectiveError>>> {
-    ranks
-        .map(|rank| {
-            let b = make(rank);
-            thread::spawn(move || b.build())
-        })
-        .collect()
-}
-
-/// Joins the builders of every rank, in rank order.
-fn joined(builders: Vec<JoinHandle<Result<TcpTransport, CollectiveError>>>) -> Vec<TcpTransport> {
-    builders
-        .into_iter()
-        .enumerate()
-        .map(|(rank, b)| {
-            b.join()
-                .expect("a builder thread")
-                .unwrap_or_else(|e| panic!("rank {rank} failed to bootstrap: {e}"))
-        })
-        .collect()
-}
-
-/// A naive all-reduce (every rank sends its vector to every other and sums in rank order)
-/// over the world, checked exactly on every rank.
-fn all_reduce_is_exact(world: Vec<TcpTransport>) {
-    let n = world.len() as u32;
-    const LEN: usize = 10_000;
-    let value = |rank: u32, i: usize| (i % 1000) as f32 * (rank + 1) as f32;
-    let threads: Vec<_> = world
-        .into_iter()
-        .map(|t| {
-            thread::spawn(move || {
-                let me = t.rank();
-                let mine: Vec<u8> = (0..LEN).flat_map(|i| value(me, i).to_le_bytes()).collect();
-                for peer in (0..n).filter(|&p| p != me) {
-                    t.send_bytes(peer, 9, &mine).expect("a send");
-                }
-                let mut sum = vec![0f32; LEN];
-                for peer in 0..n {
-                    let bytes = if peer == me {
-                        mine.clone()
-                    } else {
-                        t.recv_bytes(peer, 9).expect("a receive")
-                    };
-                    for (s, c) in sum.iter_mut().zip(bytes.chunks_exact(4)) {
-                        *s += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                    }
-                }
-                t.barrier().expect("a barrier");
-                (me, sum)
-            })
-        })
-        .collect();
-    for t in threads {
-        let (rank, sum) = t.join().expect("a rank thread");
-        for (i, s) in sum.iter().enumerate() {
-            let expected: f32 = (0..n).map(|r| value(r, i)).sum();
-            assert_eq!(*s, expected, "rank {rank}, element {i}");
-        }
-    }
-}
-
-fn free_ports(count: usize) -> Vec<u16> {
-    rlx_transport::ports::free_loopback_ports(count).expect("free loopback ports")
-}
-
-fn loopback(port: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], port))
-}
-
 /// Bootstraps a 3-rank world made by `make`: the ranks below `first_connecting` start, the
 /// listeners at `crowded` (sent `prefix` byte by byte) fill with slow connections, then the
 /// other ranks start; every rank must bootstrap, and an all-reduce be exact.
@@ -277,7 +205,7 @@ fn a_slow_connection_is_closed_at_its_deadline() {
     // complete.
     let bound = HELLO_TIMEOUT * 10;
     let mut plausible = b"RLXSTOR\n".to_vec();
-    plausible.extend_from_slice(&2u32.to_le_bytes());
+    plausible.extend_from_slice(&3u32.to_le_bytes());
     plausible.extend_from_slice(&[0; 16]);
     let mut sent = 0;
     let closed = loop {
@@ -316,7 +244,7 @@ fn a_slow_connection_is_closed_at_its_deadline() {
 fn hello_with_secret(job_id: &str, world: u32, rank: u32) -> Vec<u8> {
     use sha2::Digest;
     let mut out = b"RLXTCP\r\n".to_vec();
-    out.extend_from_slice(&2u32.to_le_bytes());
+    out.extend_from_slice(&3u32.to_le_bytes());
     out.extend_from_slice(&1u32.to_le_bytes());
     out.extend_from_slice(&sha2::Sha256::digest(job_id.as_bytes())[..16]);
     for field in [world, rank, 0, 1] {

@@ -8,8 +8,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{assert_all_ok, free_port, pattern, rlx_env, spawn, wait_all};
-use rlx_net::TcpTransport;
+use common::{assert_all_ok, free_port, pattern, rlx_env, shared_world, spawn, wait_all};
 use rlx_transport::{CollectiveError, Failure, Tag, Transport};
 
 const SIZES: &[usize] = &[
@@ -127,36 +126,12 @@ fn three_processes_three_sockets_per_peer() {
     run_job(3, "127.0.0.1", &[("RLX_SOCKETS_PER_PEER", "3")]);
 }
 
-/// A world of `n` ranks in this process (one thread builds each), through a store.
-fn local_world(
-    n: u32,
-    tune: fn(rlx_net::TcpTransportBuilder) -> rlx_net::TcpTransportBuilder,
-) -> Vec<Arc<TcpTransport>> {
-    let port = free_port();
-    let handles: Vec<_> = (0..n)
-        .map(|rank| {
-            thread::spawn(move || {
-                let b = TcpTransport::builder()
-                    .rank(rank)
-                    .world_size(n)
-                    .master("127.0.0.1", port)
-                    .connect_timeout(Duration::from_secs(20));
-                tune(b).build()
-            })
-        })
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| Arc::new(h.join().unwrap().unwrap()))
-        .collect()
-}
-
 fn keep(b: rlx_net::TcpTransportBuilder) -> rlx_net::TcpTransportBuilder {
     b
 }
 
 fn recv_into_checks_the_length() {
-    let w = local_world(2, keep);
+    let w = shared_world(2, keep);
     let tag = Tag::user(3).unwrap();
     w[0].send_message(1, tag, &[b"ab", b"cd"]).unwrap();
     let mut buf = [0u8; 8];
@@ -187,7 +162,7 @@ fn recv_into_checks_the_length() {
 }
 
 fn deadlines_are_honoured() {
-    let w = local_world(2, |b| b.op_timeout(Duration::from_millis(200)));
+    let w = shared_world(2, |b| b.op_timeout(Duration::from_millis(200)));
     let start = Instant::now();
     assert!(
         w[0].recv_bytes_timeout(1, 1, Duration::from_millis(80))
@@ -218,7 +193,7 @@ fn deadlines_are_honoured() {
 }
 
 fn many_threads_on_one_transport() {
-    let w = local_world(2, keep);
+    let w = shared_world(2, keep);
     let receivers: Vec<_> = (0..6u32)
         .map(|tag| {
             let t = Arc::clone(&w[1]);
@@ -249,7 +224,7 @@ fn many_threads_on_one_transport() {
 /// Both ranks send a message far larger than the socket buffers and the unexpected budget to
 /// each other at the same moment, then receive: each send must read meanwhile.
 fn large_messages_both_ways_at_once() {
-    let w = local_world(2, |b| b.max_unexpected_bytes(1 << 20));
+    let w = shared_world(2, |b| b.max_unexpected_bytes(1 << 20));
     let len = 24 << 20;
     let handles: Vec<_> = (0..2u32)
         .map(|rank| {
@@ -271,7 +246,7 @@ fn large_messages_both_ways_at_once() {
 /// A sender that nobody receives from is held back: it blocks (and its send times out) once
 /// the receiver's budget and the socket buffers are full, instead of growing the receiver.
 fn a_fast_sender_is_held_back() {
-    let w = local_world(2, |b| {
+    let w = shared_world(2, |b| {
         b.max_unexpected_bytes(4 << 20)
             .op_timeout(Duration::from_millis(1500))
     });
@@ -301,7 +276,7 @@ fn a_fast_sender_is_held_back() {
 }
 
 fn tags_stay_apart_and_notices_fail_fast() {
-    let w = local_world(3, keep);
+    let w = shared_world(3, keep);
     let a = Tag::op(4, 1, 0);
     let b = Tag::op(4, 2, 0);
     w[0].send_message(2, a, &[b"a1"]).unwrap();

@@ -215,9 +215,12 @@ impl ThunderboltTransport {
 
     /// Builds the transport from the launch environment: every variable of
     /// [`rlx_transport::bootstrap`] except `RLX_SOCKET_IFNAME`, with `RLX_TB_IFNAME` choosing
-    /// the links when detection should not.
+    /// the links when detection should not, and the TCP engine's tuning variables
+    /// (`RLX_SPIN_US`, `RLX_HEARTBEAT_MS`; see [`TcpTransportBuilder::tuning_env`]).
     pub fn from_env() -> Result<ThunderboltTransport> {
-        Self::builder().launch_env(LaunchEnv::from_env()?).build()
+        let mut builder = Self::builder().launch_env(LaunchEnv::from_env()?);
+        builder.tcp = builder.tcp.tuning_env()?;
+        builder.build()
     }
 
     /// Wraps the transport in a symmetric heap of `heap_size` bytes (every rank must choose the
@@ -287,6 +290,23 @@ impl Transport for ThunderboltTransport {
         timeout: Duration,
     ) -> Result<Option<usize>> {
         self.inner.recv_message_into(from, tag, buf, timeout)
+    }
+
+    fn traffic(&self) -> Option<rlx_transport::Traffic> {
+        self.inner.traffic()
+    }
+
+    fn send_recv_into(
+        &self,
+        to: u32,
+        from: u32,
+        tag: Tag,
+        parts: &[&[u8]],
+        buf: &mut [u8],
+        timeout: Duration,
+    ) -> Result<Option<usize>> {
+        self.inner
+            .send_recv_into(to, from, tag, parts, buf, timeout)
     }
 
     fn send_failure(&self, to: u32, tag: Tag, failure: Failure) -> Result<()> {

@@ -74,6 +74,11 @@ impl IfnameFilter {
         listed != self.exclude
     }
 
+    /// The names the filter lists, in order.
+    pub(crate) fn names(&self) -> &[String] {
+        &self.names
+    }
+
     /// Whether this filter excludes rather than selects.
     pub fn is_exclusion(&self) -> bool {
         self.exclude
@@ -94,6 +99,17 @@ impl fmt::Display for IfnameFilter {
         if self.exact {
             f.write_str("=")?;
         }
+        // A first name that starts like a flag the printed flags leave open is set apart by a
+        // leading separator, so that the printed filter parses back to this one.
+        let first = self.names.first().map_or("", String::as_str);
+        let open_flags: &[char] = match (self.exclude, self.exact) {
+            (_, true) => &[],
+            (true, false) => &['='],
+            (false, false) => &['^', '='],
+        };
+        if first.starts_with(open_flags) {
+            f.write_str(",")?;
+        }
         f.write_str(&self.names.join(","))
     }
 }
@@ -113,6 +129,22 @@ mod tests {
         let xe = IfnameFilter::parse("^=lo").unwrap();
         assert!(!xe.matches("lo") && xe.matches("lo1"));
         assert_eq!(xe.to_string(), "^=lo");
+    }
+
+    /// Found by fuzzing (`ifname`): `", ^x"` (a prefix filter for names starting with `^x`)
+    /// printed as `"^x"`, an exclusion list.
+    #[test]
+    fn names_that_start_like_flags_print_unambiguously() {
+        for spec in [", ^x", ",=x", "^,=x", "=^x", "^=^x"] {
+            let filter = IfnameFilter::parse(spec).unwrap();
+            let printed = filter.to_string();
+            assert_eq!(
+                IfnameFilter::parse(&printed).unwrap(),
+                filter,
+                "{spec:?} {printed:?}"
+            );
+        }
+        assert_eq!(IfnameFilter::parse(", ^x").unwrap().to_string(), ",^x");
     }
 
     #[test]

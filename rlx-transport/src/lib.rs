@@ -33,6 +33,8 @@ pub mod bootstrap;
 mod dtype;
 mod element;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ifname;
 pub mod inbox;
 pub mod interfaces;
@@ -53,5 +55,5 @@ pub use mem::{MemJoiner, MemTransport};
 pub use symmetric::{Region, Symmetric, SymmetricTransport};
 pub use tag::{EXCLUSION_TAG, TAG_RESERVED_BASE, TRANSPORT_GROUP, Tag};
 pub use transport::{
-    DEFAULT_OP_TIMEOUT, FAILURE_WIRE_LEN, Failure, NativeCollectives, NativeOp, Transport,
+    DEFAULT_OP_TIMEOUT, FAILURE_WIRE_LEN, Failure, NativeCollectives, NativeOp, Traffic, Transport,
 };

@@ -14,6 +14,32 @@ use crate::{CollectiveError, DType, ReduceKind, Result, TRANSPORT_GROUP, Tag};
 /// `RLX_TIMEOUT_MS` overrides it in the launchers).
 pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// Counters of the messages a transport moved between this rank and the others since it was
+/// built (messages to itself are not counted): see [`Transport::traffic`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Traffic {
+    /// Payload bytes of the messages sent to other ranks (frame headers not included).
+    pub sent_bytes: u64,
+    /// Payload bytes received from other ranks.
+    pub received_bytes: u64,
+    /// Of `received_bytes`, those that landed in a buffer of the transport's own because no
+    /// receive into a caller's buffer was waiting for them; the caller pays one more copy for
+    /// each. Zero for a schedule whose receives are always posted in time.
+    pub copied_bytes: u64,
+}
+
+impl Traffic {
+    /// Counters with these values (for transports outside this crate).
+    pub const fn new(sent_bytes: u64, received_bytes: u64, copied_bytes: u64) -> Self {
+        Traffic {
+            sent_bytes,
+            received_bytes,
+            copied_bytes,
+        }
+    }
+}
+
 /// Two-sided, tagged, matched message passing between the ranks of one world.
 ///
 /// Semantics every implementation keeps:
@@ -66,6 +92,35 @@ pub trait Transport: Send + Sync {
             })?;
         dst.copy_from_slice(&message);
         Ok(Some(message.len()))
+    }
+
+    /// Sends the concatenation of `parts` to `to` and receives the next message from `from`
+    /// into `buf`, both under `tag`, as one exchange (a ring step, a pairwise swap): returns
+    /// the received length, or `Ok(None)` when `timeout`, counted from the moment the send was
+    /// handed over, passes first. The receive's errors are those of
+    /// [`Transport::recv_message_into`]; a failed send fails the call and leaves any message
+    /// that was arriving for a later receive.
+    ///
+    /// The default sends, then receives. Socket transports override it to post the receive
+    /// before they write, so that the incoming message lands in `buf` while the outgoing one
+    /// is still being written, instead of in a copy of their own.
+    fn send_recv_into(
+        &self,
+        to: u32,
+        from: u32,
+        tag: Tag,
+        parts: &[&[u8]],
+        buf: &mut [u8],
+        timeout: Duration,
+    ) -> Result<Option<usize>> {
+        self.send_message(to, tag, parts)?;
+        self.recv_message_into(from, tag, buf, timeout)
+    }
+
+    /// What this transport has moved so far, for tests and tools that check an algorithm's
+    /// traffic; `None` when the transport does not count it (the default).
+    fn traffic(&self) -> Option<Traffic> {
+        None
     }
 
     /// Tells `to` that this rank's part of the operation under `tag` failed, so that `to`'s next
@@ -261,7 +316,8 @@ impl Failure {
                 expected: u64::from_le_bytes(a),
                 got: u64::from_le_bytes(b),
             }),
-            2 => Ok(Failure::Failed),
+            // The encoder writes zeros after this kind; anything else is not our notice.
+            2 if a == [0; 8] && b == [0; 8] => Ok(Failure::Failed),
             3 => {
                 let culprit = u32::try_from(u64::from_le_bytes(a)).map_err(|_| bad())?;
                 let cause = u8::try_from(u64::from_le_bytes(b))
@@ -374,6 +430,9 @@ pub trait SymmetricOps: Send + Sync {
 
     /// See [`SymmetricTransport::wait_until`].
     fn wait_until(&self, offset: u64, cmp: Cmp, value: u64, timeout: Duration) -> Result<u64>;
+
+    /// See [`SymmetricTransport::source_finished`].
+    fn source_finished(&self, rank: u32) -> bool;
 }
 
 impl<S: SymmetricTransport> SymmetricOps for S {
@@ -417,6 +476,10 @@ impl<S: SymmetricTransport> SymmetricOps for S {
     fn wait_until(&self, offset: u64, cmp: Cmp, value: u64, timeout: Duration) -> Result<u64> {
         SymmetricTransport::wait_until(self, offset, cmp, value, timeout)
     }
+
+    fn source_finished(&self, rank: u32) -> bool {
+        SymmetricTransport::source_finished(self, rank)
+    }
 }
 
 #[cfg(test)]
@@ -459,6 +522,18 @@ mod tests {
         unknown[9] = 2;
         unknown[10] = 1;
         assert!(Failure::decode(3, &unknown).is_err());
+    }
+
+    /// Found by fuzzing (`failure_notice`): a `Failed` notice with stray bytes in its unused
+    /// fields was accepted, so one notice had many encodings.
+    #[test]
+    fn failed_notices_with_stray_fields_are_refused() {
+        let mut stray = Failure::Failed.encode();
+        stray[4] = 0x40;
+        assert!(Failure::decode(3, &stray).is_err());
+        stray[4] = 0;
+        stray[16] = 1;
+        assert!(Failure::decode(3, &stray).is_err());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Loom models of the heap service: request ids matching out-of-order responses, quiet waiting
 //! for every put (and reporting a dropped put's refusal), the ordering of a put before its
 //! signal, the wake-up of `wait_until`, and the hand-over of requests from a peer's reader to
-//! its server (order, and a close that always ends the server).
+//! its server (order, a close that always ends the server, and the end of a departed peer's
+//! stream, after which its queued requests are still served).
 //! A remote peer is a loom thread that runs the service state machine on the shared heap.
 //! Run with `cargo xtask loom`.
 
@@ -225,5 +226,30 @@ fn closing_the_queue_ends_a_waiting_server() {
         assert!(!queue.push(vec![8]), "a closed queue takes nothing");
         let served = server.join().unwrap();
         assert!(served <= usize::from(pushed));
+    });
+}
+
+/// A peer whose stream ends (it left) while the server may be waiting: the server serves every
+/// request the reader queued before the end, in order, and then returns; nothing is pushed
+/// after the end.
+#[test]
+fn ending_the_queue_serves_what_it_holds_then_stops_the_server() {
+    loom::model(|| {
+        let queue = Arc::new(RequestQueue::new());
+        let server = {
+            let queue = queue.clone();
+            thread::spawn(move || {
+                let mut served = Vec::new();
+                while let Some(request) = queue.pop() {
+                    served.push(request);
+                }
+                served
+            })
+        };
+        assert!(queue.push(vec![1]));
+        assert!(queue.push(vec![2]));
+        queue.end();
+        assert!(!queue.push(vec![3]), "an ended queue takes nothing");
+        assert_eq!(server.join().unwrap(), vec![vec![1], vec![2]]);
     });
 }

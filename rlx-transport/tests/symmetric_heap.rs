@@ -451,6 +451,42 @@ fn a_dropped_peer_fails_requests_instead_of_hanging() {
     );
 }
 
+/// A rank that puts and leaves at once (a ring neighbour that finished its part) still lands
+/// its data: its target applies every request it sent before leaving, although the answers
+/// can no longer be delivered, and says when nothing more from it can arrive. The target's
+/// heap service starts only after the sender has gone, so every answer fails.
+#[test]
+fn a_peer_that_puts_and_leaves_still_lands_its_data() {
+    let mut carriers = MemTransport::fan_out_with_timeout(2, Duration::from_secs(60));
+    let target_carrier = carriers.pop().unwrap();
+    let sender = Symmetric::with_max_chunk(carriers.pop().unwrap(), 4096, 64).unwrap();
+    let data: Vec<u8> = (0..1024u32).map(|i| (i * 7 % 251) as u8).collect();
+    let handle = sender
+        .put_signal_nbi(1, 0, &data, Signal::set(2048, 5))
+        .unwrap();
+    drop(handle);
+    drop(sender);
+    let target = Symmetric::with_max_chunk(target_carrier, 4096, 64).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !target.source_finished(0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the departed sender's requests were never all applied"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        target
+            .wait_until(2048, Cmp::Eq, 5, Duration::ZERO)
+            .expect("the signal of the departed sender's last chunk"),
+        5
+    );
+    let mut landed = vec![0u8; data.len()];
+    target.heap().read(0, &mut landed).unwrap();
+    assert_eq!(landed, data, "all 16 chunks landed");
+    assert!(!target.source_finished(1), "a rank is no source of its own");
+}
+
 #[test]
 fn abort_wakes_a_waiter() {
     let world = MemTransport::fan_out_symmetric(2, 4096).unwrap();

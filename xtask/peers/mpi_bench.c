@@ -20,7 +20,7 @@
 #include <math.h>
 #include <time.h>
 
-enum op { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, REDUCE, ALL_TO_ALL, SENDRECV };
+enum op { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, REDUCE, ALL_TO_ALL, SENDRECV, GATHER, SCATTER };
 enum dt { F32, F64, I8, U8, I32, I64 };
 enum rop { SUM, MAX, MIN, PROD, NONE };
 
@@ -31,8 +31,8 @@ static int rank, world;
 
 static int parse_op(const char *s, enum op *op) {
     static const char *names[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
-                                  "reduce", "all_to_all", "sendrecv"};
-    for (int i = 0; i < 7; i++) {
+                                  "reduce", "all_to_all", "sendrecv", "gather", "scatter"};
+    for (int i = 0; i < 9; i++) {
         if (strcmp(s, names[i]) == 0) {
             *op = (enum op)i;
             return 1;
@@ -131,21 +131,26 @@ static double expect_elem(size_t i, void *p) {
     case BROADCAST: return data_value(0, i);
     case ALL_TO_ALL: return data_value((int)(i / c->block), (size_t)rank * c->block + i % c->block);
     case SENDRECV: return data_value((rank + world - 1) % world, i);
+    case GATHER: return data_value((int)(i / c->block), i % c->block);
+    case SCATTER: return data_value(0, (size_t)rank * c->block + i);
     }
     return 0;
 }
 
 static void run(enum op op, enum dt dt, MPI_Datatype type, size_t esize, enum rop r, MPI_Op mop,
                 size_t count, int iters, int warmup, double *times, long long *wrong_out) {
-    size_t block = (op == ALL_GATHER || op == REDUCE_SCATTER || op == ALL_TO_ALL) ? count / world : count;
-    size_t in_count = op == ALL_GATHER ? block : count;
-    size_t out_count = op == REDUCE_SCATTER ? block : count;
+    int blocked = op == ALL_GATHER || op == REDUCE_SCATTER || op == ALL_TO_ALL || op == GATHER || op == SCATTER;
+    size_t block = blocked ? count / world : count;
+    /* Gather: every rank sends a block, the root's output is the whole size. Scatter: the
+     * root's input is the whole size, every rank receives a block. */
+    size_t in_count = (op == ALL_GATHER || op == GATHER) ? block : count;
+    size_t out_count = (op == REDUCE_SCATTER || op == SCATTER) ? block : count;
     void *in = malloc(in_count * esize + 1);
     void *out = malloc(out_count * esize + 1);
     for (size_t i = 0; i < in_count; i++) {
         double v;
         if (op == ALL_REDUCE || op == REDUCE || op == REDUCE_SCATTER) v = reduce_input(r, rank, i);
-        else if (op == BROADCAST) v = rank == 0 ? data_value(0, i) : 0.0;
+        else if (op == BROADCAST || op == SCATTER) v = rank == 0 ? data_value(0, i) : 0.0;
         else v = data_value(rank, i);
         set(in, dt, i, v);
     }
@@ -168,6 +173,8 @@ static void run(enum op op, enum dt dt, MPI_Datatype type, size_t esize, enum ro
         case BROADCAST: MPI_Bcast(bcast, (int)count, type, 0, MPI_COMM_WORLD); break;
         case REDUCE: MPI_Reduce(in, out, (int)count, type, mop, 0, MPI_COMM_WORLD); break;
         case ALL_TO_ALL: MPI_Alltoall(in, (int)block, type, out, (int)block, type, MPI_COMM_WORLD); break;
+        case GATHER: MPI_Gather(in, (int)block, type, out, (int)block, type, 0, MPI_COMM_WORLD); break;
+        case SCATTER: MPI_Scatter(in, (int)block, type, out, (int)block, type, 0, MPI_COMM_WORLD); break;
         case SENDRECV:
             MPI_Sendrecv(in, (int)count, type, next, 7, out, (int)count, type, prev, 7, MPI_COMM_WORLD,
                          MPI_STATUS_IGNORE);
@@ -180,7 +187,7 @@ static void run(enum op op, enum dt dt, MPI_Datatype type, size_t esize, enum ro
     long long wrong = 0;
     if (op == BROADCAST) {
         wrong = count_wrong(rank == 0 ? in : out, dt, count, expect_elem, &c);
-    } else if (!(op == REDUCE && rank != 0)) {
+    } else if (!((op == REDUCE || op == GATHER) && rank != 0)) {
         wrong = count_wrong(out, dt, out_count, expect_elem, &c);
     }
     MPI_Reduce(&wrong, wrong_out, 1, MPI_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);

@@ -85,7 +85,8 @@ pub(crate) fn run(args: &CiArgs) -> Result<(), String> {
         }
     }
     if !args.no_loom {
-        loom::run(&loom::LoomArgs { preemptions: 2 })?;
+        // Bound 3 checks every model in about a second on two cores (bound 4: about five).
+        loom::run(&loom::LoomArgs { preemptions: 3 })?;
     }
     Ok(())
 }
@@ -93,7 +94,7 @@ pub(crate) fn run(args: &CiArgs) -> Result<(), String> {
 /// The collective matrix across real processes: TCP with 2, 3, 4 and 8 ranks and the threads
 /// of one process, the quick case list; then, as root, 4 Thunderbolt ranks in network
 /// namespaces joined by `thunderbolt0` links, and a rank killed mid-run whose survivors must
-/// all report it.
+/// all report it; three fault trials of each scenario of `--repeat` and a 60 s soak.
 fn clusters() -> Result<(), String> {
     let mut runs: Vec<(String, ClusterArgs)> = [2, 3, 4, 8]
         .into_iter()
@@ -136,6 +137,24 @@ fn clusters() -> Result<(), String> {
             kill: Some(shrink_victim),
             shrink: true,
             rejoin: true,
+            ..ClusterArgs::ci()
+        },
+    ));
+    runs.push((
+        "fault trials, 3 of each scenario (random kill, SIGSTOP stall with a 3 s timeout, kill \
+         of rank 0 in the rendezvous or the run)"
+            .to_owned(),
+        ClusterArgs {
+            ranks: 4,
+            repeat: Some(3),
+            ..ClusterArgs::ci()
+        },
+    ));
+    runs.push((
+        "a 60 s soak of 4 ranks, every result checked, resources flat".to_owned(),
+        ClusterArgs {
+            ranks: 4,
+            duration: Some(std::time::Duration::from_secs(60)),
             ..ClusterArgs::ci()
         },
     ));

@@ -339,6 +339,30 @@ impl Job {
         }
     }
 
+    /// The process id of child `index` while it runs (it is not reaped yet).
+    pub(crate) fn pid(&self, index: usize) -> Option<u32> {
+        self.children
+            .get(index)
+            .and_then(Option::as_ref)
+            .map(Child::id)
+    }
+
+    /// Sends SIGCONT to child `index`, resuming a rank that stopped itself with SIGSTOP
+    /// (no-op when it already ended).
+    pub(crate) fn resume(&mut self, index: usize) {
+        let Some(child) = self.children.get(index).and_then(Option::as_ref) else {
+            return;
+        };
+        let Ok(pid) = libc::pid_t::try_from(child.id()) else {
+            return;
+        };
+        // SAFETY: `kill` has no memory-safety preconditions; the child is held here and not
+        // reaped yet, so its id cannot have been recycled for an unrelated process.
+        unsafe {
+            libc::kill(pid, libc::SIGCONT);
+        }
+    }
+
     /// Whether child `index` has exited, reaping it if so; its exit status when known.
     pub(crate) fn poll_exit(&mut self, index: usize) -> Option<ExitStatus> {
         if let Some(status) = self.statuses.get(index).copied().flatten() {

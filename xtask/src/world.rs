@@ -219,6 +219,11 @@ impl World {
         })
     }
 
+    /// The network namespace of `rank`, in `--netns` worlds.
+    pub(crate) fn namespace_of(&self, rank: u32) -> Option<&str> {
+        self.topology.as_ref()?.namespace_of(rank)
+    }
+
     /// The configuration this world was prepared from.
     pub(crate) fn config(&self) -> &WorldConfig {
         &self.config

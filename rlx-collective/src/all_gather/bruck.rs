@@ -5,6 +5,7 @@
 //! as many from r+d. A final rotation by r blocks puts every block at its rank's position.
 
 use crate::Result;
+use crate::layout;
 use crate::op::OpCtx;
 
 /// Gathers `local` from every rank into `out` (n × `local.len()` bytes, rank order).
@@ -18,8 +19,9 @@ pub(crate) fn run(ctx: &OpCtx<'_>, local: &[u8], out: &mut [u8]) -> Result<()> {
         let blocks = distance.min(n - distance);
         let to = ((r + n - distance) % n) as u32;
         let from = ((r + distance) % n) as u32;
-        ctx.send(to, &out[..blocks * len])?;
-        ctx.recv_into(from, &mut out[distance * len..(distance + blocks) * len])?;
+        let incoming = distance * len..(distance + blocks) * len;
+        let (outgoing, incoming) = layout::send_and_recv(out, 0..blocks * len, incoming)?;
+        ctx.send_recv_into(to, outgoing, from, incoming)?;
         distance *= 2;
     }
     out.rotate_right(r * len);

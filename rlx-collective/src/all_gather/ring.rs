@@ -1,7 +1,8 @@
 //! Segmented ring all-gather, in place: rank `r` starts with block `r` filled and, after n-1
 //! steps of forwarding to `r+1` what came from `r-1`, holds every block.
 //!
-//! Segments land straight in the caller's buffer; nothing is allocated.
+//! Segments land straight in the caller's buffer; nothing is allocated. Each step is one
+//! exchange: the segment from `r-1` lands while the one to `r+1` is written.
 
 use crate::Result;
 use crate::layout::{self, Blocks};
@@ -25,9 +26,9 @@ pub(crate) fn run(
         for step in 0..n - 1 {
             let (send_block, recv_block) = layout::all_gather_step(r, n, step);
             let send = layout::bytes(blocks.segment(send_block, segments, segment), elem_size);
-            ctx.send(next, &data[send])?;
             let recv = layout::bytes(blocks.segment(recv_block, segments, segment), elem_size);
-            ctx.recv_into(prev, &mut data[recv])?;
+            let (outgoing, incoming) = layout::send_and_recv(data, send, recv)?;
+            ctx.send_recv_into(next, outgoing, prev, incoming)?;
         }
     }
     Ok(())

@@ -45,16 +45,16 @@ const VERSION: u8 = 1;
 
 /// What every rank must agree on, as the header carries it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Header {
+pub(crate) struct Header {
     /// The group rank whose call this header describes.
-    origin: u32,
-    compression: Compression,
-    reduce: ReduceKind,
-    count: u64,
+    pub(crate) origin: u32,
+    pub(crate) compression: Compression,
+    pub(crate) reduce: ReduceKind,
+    pub(crate) count: u64,
 }
 
 impl Header {
-    fn encode(self) -> [u8; HEADER_BYTES] {
+    pub(crate) fn encode(self) -> [u8; HEADER_BYTES] {
         let mut out = [0u8; HEADER_BYTES];
         out[0] = VERSION;
         out[1] = self.compression.code();
@@ -66,7 +66,7 @@ impl Header {
     }
 
     /// Decodes a header that world rank `peer` sent; a malformed one is a protocol error.
-    fn decode(bytes: &[u8], peer: u32, group_size: u32) -> Result<Header> {
+    pub(crate) fn decode(bytes: &[u8], peer: u32, group_size: u32) -> Result<Header> {
         let bad = |what: String| CollectiveError::protocol(Some(peer), what);
         let bytes: &[u8; HEADER_BYTES] = bytes.try_into().map_err(|_| {
             bad(format!(
@@ -81,6 +81,13 @@ impl Header {
             return Err(bad(format!(
                 "compressed all-reduce header version {}, expected {VERSION}",
                 bytes[0]
+            )));
+        }
+        // The encoder writes zero; anything else is not one of our headers.
+        if bytes[3] != 0 {
+            return Err(bad(format!(
+                "compressed all-reduce header with reserved byte {}",
+                bytes[3]
             )));
         }
         let compression = Compression::from_code(bytes[1])
@@ -508,5 +515,29 @@ fn add_contribution(sum: &mut [f32], own: &[f32], residual: &[f32], accumulate: 
         for ((s, &x), &e) in terms {
             *s = x + e;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by fuzzing (`compressed_frame`): the header's reserved byte was ignored, so one
+    /// header had 256 encodings.
+    #[test]
+    fn headers_round_trip_and_a_set_reserved_byte_is_refused() {
+        let header = Header {
+            origin: 2,
+            compression: Compression::Int8,
+            reduce: ReduceKind::Max,
+            count: 1 << 20,
+        };
+        let mut bytes = header.encode();
+        assert_eq!(Header::decode(&bytes, 1, 4).unwrap(), header);
+        bytes[3] = 1;
+        assert!(matches!(
+            Header::decode(&bytes, 1, 4),
+            Err(CollectiveError::Protocol { peer: Some(1), .. })
+        ));
     }
 }

@@ -47,8 +47,7 @@ pub(crate) fn run(
     let mut mask = 1u32;
     while mask < pof2 {
         let partner = real_rank(virtual_rank ^ mask);
-        ctx.send(partner, &acc)?;
-        ctx.recv_into(partner, &mut incoming)?;
+        ctx.send_recv_into(partner, &acc, partner, &mut incoming)?;
         kernels::accumulate_wide(dtype, reduce, &mut acc, &incoming)?;
         mask <<= 1;
     }

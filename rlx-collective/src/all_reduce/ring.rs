@@ -16,7 +16,8 @@ pub(crate) fn run(
     reduce: ReduceKind,
     segment_bytes: usize,
 ) -> Result<()> {
-    crate::reduce_scatter::ring::run(ctx, data, dtype, reduce, segment_bytes)?;
+    let in_place = crate::reduce_scatter::ring::Data::InPlace(&mut *data);
+    crate::reduce_scatter::ring::run(ctx, in_place, dtype, reduce, segment_bytes)?;
     let blocks = Blocks::Balanced {
         count: data.len() / dtype.size(),
         parts: ctx.size() as usize,

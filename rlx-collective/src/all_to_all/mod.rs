@@ -7,8 +7,8 @@ use crate::layout::Blocks;
 use crate::op::OpCtx;
 use crate::{CollectiveError, DType, Result};
 
-/// Exchanges the blocks of `send` (elements of `dtype`); returns the received blocks.
-pub(crate) fn run(ctx: &OpCtx<'_>, send: &[u8], dtype: DType) -> Result<Vec<u8>> {
+/// Exchanges the blocks of `send` (elements of `dtype`) into `recv`, of the same length.
+pub(crate) fn run(ctx: &OpCtx<'_>, send: &[u8], recv: &mut [u8], dtype: DType) -> Result<()> {
     ctx.start(dtype, send.len())?;
     ctx.record_algorithm("pairwise");
     let n = ctx.size() as usize;
@@ -19,13 +19,12 @@ pub(crate) fn run(ctx: &OpCtx<'_>, send: &[u8], dtype: DType) -> Result<Vec<u8>>
             "all_to_all needs a multiple of {n} elements (one block per rank), got {count}"
         )));
     }
-    let mut recv = vec![0u8; send.len()];
-    pairwise::run(
-        ctx,
-        send,
-        &mut recv,
-        esize,
-        Blocks::Equal { len: count / n },
-    )?;
-    Ok(recv)
+    if recv.len() != send.len() {
+        return Err(CollectiveError::invalid(format!(
+            "all_to_all output holds {} bytes; it must match the {} bytes sent",
+            recv.len(),
+            send.len()
+        )));
+    }
+    pairwise::run(ctx, send, recv, esize, Blocks::Equal { len: count / n })
 }

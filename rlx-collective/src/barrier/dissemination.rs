@@ -10,8 +10,8 @@ pub(crate) fn run(ctx: &OpCtx<'_>) -> Result<()> {
     let n = ctx.size();
     let mut distance = 1u32;
     while distance < n {
-        ctx.send((ctx.rank + distance) % n, &[])?;
-        ctx.recv_into((ctx.rank + n - distance) % n, &mut [])?;
+        let (to, from) = ((ctx.rank + distance) % n, (ctx.rank + n - distance) % n);
+        ctx.send_recv_into(to, &[], from, &mut [])?;
         distance = distance.saturating_mul(2);
     }
     Ok(())

@@ -12,13 +12,15 @@ pub(crate) fn run(ctx: &OpCtx<'_>, root: u32, local: &[u8], out: &mut [u8]) -> R
         return ctx.send(root, local);
     }
     let len = local.len();
-    for rank in 0..ctx.size() {
-        let block = &mut out[rank as usize * len..(rank as usize + 1) * len];
-        if rank == root {
-            block.copy_from_slice(local);
-        } else {
-            ctx.recv_into(rank, block)?;
-        }
+    for rank in (0..ctx.size()).filter(|&rank| rank != root) {
+        ctx.recv_into(
+            rank,
+            &mut out[rank as usize * len..(rank as usize + 1) * len],
+        )?;
     }
+    // The root's own block last: copying it first would keep the others' blocks waiting in
+    // the socket, where a large one is taken into a buffer of the transport's and copied
+    // twice.
+    out[root as usize * len..(root as usize + 1) * len].copy_from_slice(local);
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! The collectives of a group: for each, the form generic over the [`Element`] types (which
+//! The reducing collectives of a group (all-reduce, reduce, reduce-scatter), broadcast and
+//! barrier: for each, the form generic over the [`Element`] types (which
 //! keeps the original `f32` calls as they were), the `*_typed` form on raw little-endian
 //! elements of a [`DType`] known only at run time, and the non-blocking `spawn_*` forms, each a
 //! thin wrapper over one implementation that issues the operation and hands its context to the
@@ -6,16 +7,11 @@
 
 use std::sync::Arc;
 
-use super::{ProcessGroup, gathered_len};
+use super::ProcessGroup;
 use crate::handle::{AllReduceHandle, CollectiveHandle};
+use crate::reduce_scatter;
 use crate::select::CollectiveOp;
 use crate::{CollectiveError, DType, Element, ReduceKind, Result};
-
-/// The elements of `bytes`, whose length the operation already checked is a whole number of
-/// `T`s (a copy: `bytes` need not be aligned for `T`).
-fn elements<T: Element>(bytes: &[u8]) -> Vec<T> {
-    bytemuck::pod_collect_to_vec(bytes)
-}
 
 impl ProcessGroup {
     /// Returns once every member has entered the barrier (dissemination algorithm).
@@ -227,8 +223,33 @@ impl ProcessGroup {
     /// });
     /// ```
     pub fn reduce_scatter<T: Element>(&self, data: &[T], op: ReduceKind) -> Result<Vec<T>> {
-        let bytes = self.reduce_scatter_typed(bytemuck::cast_slice(data), T::DTYPE, op)?;
-        Ok(elements(&bytes))
+        let len = reduce_scatter::block_len(
+            std::mem::size_of_val(data),
+            T::DTYPE,
+            self.world_size(),
+            self.rank(),
+        );
+        let mut out = vec![T::zeroed(); len / size_of::<T>()];
+        self.reduce_scatter_into(data, op, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`ProcessGroup::reduce_scatter`] into `out`, which holds exactly this rank's block
+    /// (`(i+1)*c/n - i*c/n` elements on rank `i`): nothing is allocated and nothing of `data`
+    /// is copied. An `out` of another length is [`CollectiveError::InvalidArgument`] on this
+    /// rank and fails the operation on the others.
+    pub fn reduce_scatter_into<T: Element>(
+        &self,
+        data: &[T],
+        op: ReduceKind,
+        out: &mut [T],
+    ) -> Result<()> {
+        self.reduce_scatter_typed_into(
+            bytemuck::cast_slice(data),
+            bytemuck::cast_slice_mut(out),
+            T::DTYPE,
+            op,
+        )
     }
 
     /// [`ProcessGroup::reduce_scatter`] on raw little-endian `dtype` elements.
@@ -238,8 +259,22 @@ impl ProcessGroup {
         dtype: DType,
         op: ReduceKind,
     ) -> Result<Vec<u8>> {
+        let mut out =
+            vec![0u8; reduce_scatter::block_len(data.len(), dtype, self.world_size(), self.rank())];
+        self.reduce_scatter_typed_into(data, &mut out, dtype, op)?;
+        Ok(out)
+    }
+
+    /// [`ProcessGroup::reduce_scatter_into`] on raw little-endian `dtype` elements.
+    pub fn reduce_scatter_typed_into(
+        &self,
+        data: &[u8],
+        out: &mut [u8],
+        dtype: DType,
+        op: ReduceKind,
+    ) -> Result<()> {
         self.run(CollectiveOp::ReduceScatter, |ctx| {
-            crate::reduce_scatter::run(ctx, data, dtype, op)
+            reduce_scatter::run(ctx, data, out, dtype, op)
         })
     }
 
@@ -250,8 +285,11 @@ impl ProcessGroup {
         op: ReduceKind,
     ) -> CollectiveHandle<Vec<T>> {
         self.spawn(CollectiveOp::ReduceScatter, move |ctx| {
-            crate::reduce_scatter::run(ctx, bytemuck::cast_slice(&data), T::DTYPE, op)
-                .map(|bytes| elements(&bytes))
+            let input = bytemuck::cast_slice(&data);
+            let len = reduce_scatter::block_len(input.len(), T::DTYPE, ctx.size(), ctx.rank);
+            let mut out = vec![T::zeroed(); len / size_of::<T>()];
+            reduce_scatter::run(ctx, input, bytemuck::cast_slice_mut(&mut out), T::DTYPE, op)?;
+            Ok(out)
         })
     }
 
@@ -263,220 +301,10 @@ impl ProcessGroup {
         op: ReduceKind,
     ) -> CollectiveHandle<Vec<u8>> {
         self.spawn(CollectiveOp::ReduceScatter, move |ctx| {
-            crate::reduce_scatter::run(ctx, &data, dtype, op)
-        })
-    }
-
-    /// Gathers every rank's `local` on every rank, in rank order. All ranks pass the same
-    /// length.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use std::sync::Arc;
-    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
-    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(3).into_iter()
-    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
-    /// std::thread::scope(|s| {
-    ///     for group in &world {
-    ///         s.spawn(move || {
-    ///             let all = group.all_gather(&[group.rank() as i32; 2]).unwrap();
-    ///             assert_eq!(all, [0, 0, 1, 1, 2, 2]);
-    ///         });
-    ///     }
-    /// });
-    /// ```
-    pub fn all_gather<T: Element>(&self, local: &[T]) -> Result<Vec<T>> {
-        let mut out = vec![T::zeroed(); gathered_len(local.len(), self.world_size())?];
-        self.all_gather_into(local, &mut out)?;
-        Ok(out)
-    }
-
-    /// [`ProcessGroup::all_gather`] into `out`, which holds `world_size × local.len()`
-    /// elements: a loop that gathers the same sizes again and again allocates nothing. An
-    /// `out` of another length is [`CollectiveError::InvalidArgument`] on this rank and fails
-    /// the operation on the others.
-    pub fn all_gather_into<T: Element>(&self, local: &[T], out: &mut [T]) -> Result<()> {
-        self.all_gather_typed_into(
-            bytemuck::cast_slice(local),
-            bytemuck::cast_slice_mut(out),
-            T::DTYPE,
-        )
-    }
-
-    /// [`ProcessGroup::all_gather`] on raw little-endian `dtype` elements.
-    pub fn all_gather_typed(&self, local: &[u8], dtype: DType) -> Result<Vec<u8>> {
-        let mut out = vec![0u8; gathered_len(local.len(), self.world_size())?];
-        self.all_gather_typed_into(local, &mut out, dtype)?;
-        Ok(out)
-    }
-
-    /// [`ProcessGroup::all_gather_into`] on raw little-endian `dtype` elements.
-    pub fn all_gather_typed_into(&self, local: &[u8], out: &mut [u8], dtype: DType) -> Result<()> {
-        self.run(CollectiveOp::AllGather, |ctx| {
-            let expected = gathered_len(local.len(), ctx.size())?;
-            if out.len() != expected {
-                return Err(CollectiveError::invalid(format!(
-                    "all_gather output holds {} bytes; {} ranks × {} bytes need {expected}",
-                    out.len(),
-                    ctx.size(),
-                    local.len()
-                )));
-            }
-            crate::all_gather::run(ctx, local, out, dtype)
-        })
-    }
-
-    /// Non-blocking [`ProcessGroup::all_gather`].
-    pub fn spawn_all_gather<T: Element>(&self, local: Vec<T>) -> CollectiveHandle<Vec<T>> {
-        self.spawn(CollectiveOp::AllGather, move |ctx| {
-            let mut out = vec![T::zeroed(); gathered_len(local.len(), ctx.size())?];
-            let bytes = bytemuck::cast_slice_mut(&mut out);
-            crate::all_gather::run(ctx, bytemuck::cast_slice(&local), bytes, T::DTYPE)?;
+            let mut out =
+                vec![0u8; reduce_scatter::block_len(data.len(), dtype, ctx.size(), ctx.rank)];
+            reduce_scatter::run(ctx, &data, &mut out, dtype, op)?;
             Ok(out)
-        })
-    }
-
-    /// Non-blocking [`ProcessGroup::all_gather_typed`].
-    pub fn spawn_all_gather_typed(
-        &self,
-        local: Vec<u8>,
-        dtype: DType,
-    ) -> CollectiveHandle<Vec<u8>> {
-        self.spawn(CollectiveOp::AllGather, move |ctx| {
-            let mut out = vec![0u8; gathered_len(local.len(), ctx.size())?];
-            crate::all_gather::run(ctx, &local, &mut out, dtype)?;
-            Ok(out)
-        })
-    }
-
-    /// Gathers every rank's `local` on `root` in rank order: `Some` on the root, `None`
-    /// elsewhere. All ranks pass the same length.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use std::sync::Arc;
-    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
-    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(3).into_iter()
-    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
-    /// std::thread::scope(|s| {
-    ///     for group in &world {
-    ///         s.spawn(move || {
-    ///             let gathered = group.gather(1, &[group.rank() as u8]).unwrap();
-    ///             assert_eq!(gathered, (group.rank() == 1).then(|| vec![0, 1, 2]));
-    ///         });
-    ///     }
-    /// });
-    /// ```
-    pub fn gather<T: Element>(&self, root: u32, local: &[T]) -> Result<Option<Vec<T>>> {
-        let bytes = self.gather_typed(root, bytemuck::cast_slice(local), T::DTYPE)?;
-        Ok(bytes.map(|b| elements(&b)))
-    }
-
-    /// [`ProcessGroup::gather`] on raw little-endian `dtype` elements.
-    pub fn gather_typed(&self, root: u32, local: &[u8], dtype: DType) -> Result<Option<Vec<u8>>> {
-        self.run(CollectiveOp::Gather, |ctx| {
-            crate::gather::run(ctx, root, local, dtype)
-        })
-    }
-
-    /// Non-blocking [`ProcessGroup::gather`].
-    pub fn spawn_gather<T: Element>(
-        &self,
-        root: u32,
-        local: Vec<T>,
-    ) -> CollectiveHandle<Option<Vec<T>>> {
-        self.spawn(CollectiveOp::Gather, move |ctx| {
-            crate::gather::run(ctx, root, bytemuck::cast_slice(&local), T::DTYPE)
-                .map(|gathered| gathered.map(|bytes| elements(&bytes)))
-        })
-    }
-
-    /// Non-blocking [`ProcessGroup::gather_typed`].
-    pub fn spawn_gather_typed(
-        &self,
-        root: u32,
-        local: Vec<u8>,
-        dtype: DType,
-    ) -> CollectiveHandle<Option<Vec<u8>>> {
-        self.spawn(CollectiveOp::Gather, move |ctx| {
-            crate::gather::run(ctx, root, &local, dtype)
-        })
-    }
-
-    /// Sends block `i` of `root`'s `send` (world_size blocks of `recv.len()` elements) to rank
-    /// `i`'s `recv`; `send` is only read on the root (pass `&[]` elsewhere).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use std::sync::Arc;
-    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
-    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(3).into_iter()
-    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
-    /// std::thread::scope(|s| {
-    ///     for group in &world {
-    ///         s.spawn(move || {
-    ///             let send: &[f64] = if group.rank() == 0 { &[10.0, 11.0, 12.0] } else { &[] };
-    ///             let mut mine = [0.0f64];
-    ///             group.scatter(0, send, &mut mine).unwrap();
-    ///             assert_eq!(mine, [10.0 + group.rank() as f64]);
-    ///         });
-    ///     }
-    /// });
-    /// ```
-    pub fn scatter<T: Element>(&self, root: u32, send: &[T], recv: &mut [T]) -> Result<()> {
-        self.scatter_typed(
-            root,
-            bytemuck::cast_slice(send),
-            bytemuck::cast_slice_mut(recv),
-            T::DTYPE,
-        )
-    }
-
-    /// [`ProcessGroup::scatter`] on raw little-endian `dtype` elements.
-    pub fn scatter_typed(
-        &self,
-        root: u32,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DType,
-    ) -> Result<()> {
-        self.run(CollectiveOp::Scatter, |ctx| {
-            crate::scatter::run(ctx, root, send, recv, dtype)
-        })
-    }
-
-    /// Non-blocking [`ProcessGroup::scatter`]: `send` is read on the root only; `join()`
-    /// returns this rank's block of `recv_len` elements.
-    pub fn spawn_scatter<T: Element>(
-        &self,
-        root: u32,
-        send: Vec<T>,
-        recv_len: usize,
-    ) -> CollectiveHandle<Vec<T>> {
-        self.spawn(CollectiveOp::Scatter, move |ctx| {
-            let mut recv = vec![T::zeroed(); recv_len];
-            let into = bytemuck::cast_slice_mut(&mut recv);
-            crate::scatter::run(ctx, root, bytemuck::cast_slice(&send), into, T::DTYPE)?;
-            Ok(recv)
-        })
-    }
-
-    /// Non-blocking [`ProcessGroup::scatter_typed`]: `send` is read on the root only;
-    /// `join()` returns this rank's block of `recv_len` bytes.
-    pub fn spawn_scatter_typed(
-        &self,
-        root: u32,
-        send: Vec<u8>,
-        recv_len: usize,
-        dtype: DType,
-    ) -> CollectiveHandle<Vec<u8>> {
-        self.spawn(CollectiveOp::Scatter, move |ctx| {
-            let mut recv = vec![0u8; recv_len];
-            crate::scatter::run(ctx, root, &send, &mut recv, dtype)?;
-            Ok(recv)
         })
     }
 
@@ -532,54 +360,6 @@ impl ProcessGroup {
         self.spawn(CollectiveOp::Broadcast, move |ctx| {
             crate::broadcast::run(ctx, root, &mut data, dtype)?;
             Ok(data)
-        })
-    }
-
-    /// Splits `send` into world_size equal blocks and sends block `j` to rank `j`; returns the
-    /// blocks received, block `i` from rank `i`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use std::sync::Arc;
-    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
-    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(2).into_iter()
-    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
-    /// std::thread::scope(|s| {
-    ///     for group in &world {
-    ///         s.spawn(move || {
-    ///             let me = group.rank() as i32;
-    ///             let got = group.all_to_all(&[me * 10, me * 10 + 1]).unwrap();
-    ///             let expected = [[0, 10], [1, 11]][group.rank() as usize];
-    ///             assert_eq!(got, expected);
-    ///         });
-    ///     }
-    /// });
-    /// ```
-    pub fn all_to_all<T: Element>(&self, send: &[T]) -> Result<Vec<T>> {
-        let bytes = self.all_to_all_typed(bytemuck::cast_slice(send), T::DTYPE)?;
-        Ok(elements(&bytes))
-    }
-
-    /// [`ProcessGroup::all_to_all`] on raw little-endian `dtype` elements.
-    pub fn all_to_all_typed(&self, send: &[u8], dtype: DType) -> Result<Vec<u8>> {
-        self.run(CollectiveOp::AllToAll, |ctx| {
-            crate::all_to_all::run(ctx, send, dtype)
-        })
-    }
-
-    /// Non-blocking [`ProcessGroup::all_to_all`].
-    pub fn spawn_all_to_all<T: Element>(&self, send: Vec<T>) -> CollectiveHandle<Vec<T>> {
-        self.spawn(CollectiveOp::AllToAll, move |ctx| {
-            crate::all_to_all::run(ctx, bytemuck::cast_slice(&send), T::DTYPE)
-                .map(|bytes| elements(&bytes))
-        })
-    }
-
-    /// Non-blocking [`ProcessGroup::all_to_all_typed`].
-    pub fn spawn_all_to_all_typed(&self, send: Vec<u8>, dtype: DType) -> CollectiveHandle<Vec<u8>> {
-        self.spawn(CollectiveOp::AllToAll, move |ctx| {
-            crate::all_to_all::run(ctx, &send, dtype)
         })
     }
 

@@ -7,8 +7,9 @@
 //!
 //! This file holds the type, its construction (`new`, `split`) and its settings; the rest of
 //! its methods live by theme: `execute.rs` issues and runs operations, `point_to_point.rs`
-//! sends and receives under user tags, `collectives.rs` wraps every exact collective,
-//! `compressed.rs` the compressed all-reduce, `federated.rs` federated averaging,
+//! sends and receives under user tags, `collectives.rs` wraps the reducing collectives,
+//! broadcast and barrier, `movement.rs` the gathering and scattering ones, `compressed.rs`
+//! the compressed all-reduce, `federated.rs` federated averaging,
 //! `membership.rs` shrinks a group to its survivors, and `worker.rs` runs the non-blocking
 //! ones.
 
@@ -17,6 +18,7 @@ mod compressed;
 mod execute;
 mod federated;
 mod membership;
+mod movement;
 mod point_to_point;
 mod worker;
 
@@ -133,15 +135,6 @@ impl fmt::Debug for ProcessGroup {
             .field("next_seq", &self.shared.seq.load(Ordering::Relaxed))
             .finish()
     }
-}
-
-/// Length of `len` elements gathered from `world` ranks, refused when it overflows.
-fn gathered_len(len: usize, world: u32) -> Result<usize> {
-    len.checked_mul(world as usize).ok_or_else(|| {
-        CollectiveError::invalid(format!(
-            "gathering {len} elements from {world} ranks overflows the address space"
-        ))
-    })
 }
 
 impl ProcessGroup {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::ProcessGroup;
-use crate::health::{FailureScope, NOTICE_SLICE, Watch};
+use crate::health::{FailureScope, NOTICE_SLICE, Watch, slice_for};
 use crate::{CollectiveError, DType, Element, Result, Tag, Transport};
 
 impl ProcessGroup {
@@ -99,7 +99,8 @@ impl ProcessGroup {
     /// ```
     pub fn recv_into<T: Element>(&self, from: u32, tag: u32, buf: &mut [T]) -> Result<usize> {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
-        let (peer, len) = self.receive(from, tag, |transport, peer, tag, deadline| {
+        let slice = slice_for(bytes.len());
+        let (peer, len) = self.receive(from, tag, slice, |transport, peer, tag, deadline| {
             transport.recv_message_into(peer, tag, bytes, deadline)
         })?;
         whole_elements(peer, len, T::DTYPE)
@@ -126,21 +127,109 @@ impl ProcessGroup {
     ///
     /// See the example of [`ProcessGroup::send`].
     pub fn recv_typed(&self, from: u32, tag: u32, dtype: DType) -> Result<Vec<u8>> {
-        let (peer, bytes) = self.receive(from, tag, |transport, peer, tag, deadline| {
-            transport.recv_message(peer, tag, deadline)
-        })?;
+        let (peer, bytes) =
+            self.receive(from, tag, NOTICE_SLICE, |transport, peer, tag, deadline| {
+                transport.recv_message(peer, tag, deadline)
+            })?;
         whole_elements(peer, bytes.len(), dtype)?;
         Ok(bytes)
     }
 
+    /// [`ProcessGroup::recv_into`] on raw little-endian `dtype` elements: lands the next
+    /// message from group rank `from` under `tag` in `buf` and returns how many elements
+    /// arrived.
+    pub fn recv_typed_into(
+        &self,
+        from: u32,
+        tag: u32,
+        buf: &mut [u8],
+        dtype: DType,
+    ) -> Result<usize> {
+        let slice = slice_for(buf.len());
+        let (peer, len) = self.receive(from, tag, slice, |transport, peer, tag, deadline| {
+            transport.recv_message_into(peer, tag, buf, deadline)
+        })?;
+        whole_elements(peer, len, dtype)
+    }
+
+    /// Sends `data` to group rank `to` and receives the next message from group rank `from`
+    /// into `buf`, both under the user tag `tag`, as one exchange (MPI's `MPI_Sendrecv`):
+    /// returns how many elements arrived. The incoming message lands in `buf` while the
+    /// outgoing one is written, so a ring of ranks handing each other large buffers (a
+    /// pipeline's activations forward and gradients back) moves both directions at full speed
+    /// without an intermediate copy, and two ranks sending each other more than the socket
+    /// buffers hold cannot block each other. A message longer than `buf` is
+    /// [`CollectiveError::LengthMismatch`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rlx_collective::{MemTransport, ProcessGroup, Transport};
+    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(3).into_iter()
+    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
+    /// std::thread::scope(|s| {
+    ///     for group in &world {
+    ///         s.spawn(move || {
+    ///             let (rank, n) = (group.rank(), group.world_size());
+    ///             let mine = [rank as f32; 4];
+    ///             let mut theirs = [0.0f32; 4];
+    ///             let got = group
+    ///                 .send_recv((rank + 1) % n, &mine, (rank + n - 1) % n, &mut theirs, 3)
+    ///                 .unwrap();
+    ///             assert_eq!(got, 4);
+    ///             assert_eq!(theirs, [((rank + n - 1) % n) as f32; 4]);
+    ///         });
+    ///     }
+    /// });
+    /// ```
+    pub fn send_recv<T: Element>(
+        &self,
+        to: u32,
+        data: &[T],
+        from: u32,
+        buf: &mut [T],
+        tag: u32,
+    ) -> Result<usize> {
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
+        self.send_recv_typed(to, bytemuck::cast_slice(data), from, bytes, tag, T::DTYPE)
+    }
+
+    /// [`ProcessGroup::send_recv`] on raw little-endian `dtype` elements.
+    pub fn send_recv_typed(
+        &self,
+        to: u32,
+        data: &[u8],
+        from: u32,
+        buf: &mut [u8],
+        tag: u32,
+        dtype: DType,
+    ) -> Result<usize> {
+        crate::check_dtype_len(data.len(), dtype)?;
+        let to = self.world_peer(to)?;
+        let mut sent = false;
+        let slice = slice_for(buf.len());
+        let (peer, len) = self.receive(from, tag, slice, |transport, peer, tag, deadline| {
+            if std::mem::replace(&mut sent, true) {
+                transport.recv_message_into(peer, tag, buf, deadline)
+            } else {
+                transport.send_recv_into(to, peer, tag, &[data], buf, deadline)
+            }
+        })?;
+        whole_elements(peer, len, dtype)
+    }
+
     /// Waits for the next message from group rank `from` under the user tag `tag` through
     /// `receive` (one of the transport's receives, called with the world rank, the tag and a
-    /// slice of the operation timeout at a time, so that a failure of the group ends the
-    /// wait); returns the world rank and what `receive` returned.
+    /// `slice` of the operation timeout at a time, so that a failure of the group ends the
+    /// wait); returns the world rank and what `receive` returned. A receive into a buffer
+    /// takes a slice long enough for its whole message (see [`slice_for`]): a slice that ends
+    /// while a large message lands in the buffer moves it into a copy of the transport's.
     fn receive<R>(
         &self,
         from: u32,
         tag: u32,
+        slice: Duration,
         mut receive: impl FnMut(&dyn Transport, u32, Tag, Duration) -> Result<Option<R>>,
     ) -> Result<(u32, R)> {
         let tag = Tag::user(tag)?;
@@ -149,7 +238,7 @@ impl ProcessGroup {
         let watch = self.watch();
         let transport = self.shared.transport.as_ref();
         watch
-            .wait(after, NOTICE_SLICE, peer, |deadline| {
+            .wait(after, slice, peer, |deadline| {
                 receive(transport, peer, tag, deadline)
             })
             .and_then(|got| {

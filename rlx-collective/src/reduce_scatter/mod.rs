@@ -5,39 +5,55 @@ pub(crate) mod ring;
 
 use crate::layout::{self, Blocks};
 use crate::op::OpCtx;
-use crate::{DType, NativeOp, ReduceKind, Result, kernels};
+use crate::{CollectiveError, DType, NativeOp, ReduceKind, Result, kernels};
 
-/// Reduces `input` over the group and returns this rank's block of the result.
+/// Bytes of this rank's block of the result of reducing `input_len` bytes of `dtype` over
+/// `size` ranks.
+pub(crate) fn block_len(input_len: usize, dtype: DType, size: u32, rank: u32) -> usize {
+    let esize = dtype.size();
+    let blocks = Blocks::Balanced {
+        count: input_len / esize,
+        parts: size as usize,
+    };
+    layout::bytes(blocks.block(rank as usize), esize).len()
+}
+
+/// Reduces `input` over the group into `out`, this rank's block of the result
+/// ([`block_len`] bytes).
 pub(crate) fn run(
     ctx: &OpCtx<'_>,
     input: &[u8],
+    out: &mut [u8],
     dtype: DType,
     reduce: ReduceKind,
-) -> Result<Vec<u8>> {
+) -> Result<()> {
     ctx.start(dtype, input.len())?;
     kernels::wide_size(dtype)?;
     let n = ctx.size() as usize;
     let esize = dtype.size();
-    let blocks = Blocks::Balanced {
-        count: input.len() / esize,
-        parts: n,
-    };
-    let mine = layout::bytes(blocks.block(ctx.rank as usize), esize);
+    let expected = block_len(input.len(), dtype, ctx.size(), ctx.rank);
+    if out.len() != expected {
+        return Err(CollectiveError::invalid(format!(
+            "reduce_scatter output holds {} bytes; rank {} of {n} gets a block of {expected} of \
+             the {} input bytes",
+            out.len(),
+            ctx.rank,
+            input.len()
+        )));
+    }
     if n == 1 {
-        return Ok(input.to_vec());
+        out.copy_from_slice(input);
+        return Ok(());
     }
     if let Some(native) = ctx.native() {
         let equal = input.len() % (n * esize) == 0;
         if equal && native.supports(NativeOp::ReduceScatter, dtype, Some(reduce)) {
             ctx.record_algorithm("native");
-            let mut out = vec![0u8; mine.len()];
-            native.reduce_scatter(input, &mut out, dtype, reduce)?;
-            return Ok(out);
+            return native.reduce_scatter(input, out, dtype, reduce);
         }
     }
     ctx.record_algorithm("ring");
-    let mut work = input.to_vec();
     let segment_bytes = ctx.settings.segment_bytes(input.len(), esize);
-    ring::run(ctx, &mut work, dtype, reduce, segment_bytes)?;
-    Ok(work.get(mine).map(<[u8]>::to_vec).unwrap_or_default())
+    let data = ring::Data::Apart { input, out };
+    ring::run(ctx, data, dtype, reduce, segment_bytes)
 }

@@ -21,10 +21,11 @@
 //! 513 µs at 2 MiB; 4 MiB stayed at 1.26-1.27 ms.
 
 use std::cell::RefCell;
+use std::ops::Range;
 
 use crate::layout::{self, Blocks};
 use crate::op::OpCtx;
-use crate::{DType, ReduceKind, Result, kernels};
+use crate::{CollectiveError, DType, ReduceKind, Result, kernels};
 
 /// Largest scratch buffer (bytes) a thread keeps between calls. Segment buffers are at most a
 /// large segment of elements widened to their accumulation type (1 MiB of f16 is 2 MiB of f32);
@@ -77,12 +78,44 @@ impl Scratch {
     }
 }
 
-/// Reduces `data` (this rank's contribution, `dtype` elements) over the group; on return the
-/// element range `Blocks::Balanced{count, parts: n}.block(rank)` of `data` holds the final
-/// result and the other blocks are unchanged. Needs at least two ranks.
+/// Where a reduce-scatter reads this rank's contribution and writes its finished block.
+pub(crate) enum Data<'a> {
+    /// One buffer: the contribution, whose block `rank` the result replaces (the all-reduce).
+    InPlace(&'a mut [u8]),
+    /// The contribution, left as it is, and a buffer of exactly this rank's block for the
+    /// result (the reduce-scatter itself, which so copies nothing of the input).
+    Apart {
+        /// This rank's contribution, every block.
+        input: &'a [u8],
+        /// This rank's block of the result.
+        out: &'a mut [u8],
+    },
+}
+
+impl Data<'_> {
+    fn input(&self) -> &[u8] {
+        match self {
+            Data::InPlace(data) => data,
+            Data::Apart { input, .. } => input,
+        }
+    }
+
+    /// The finished bytes of `range` (bytes of the input) of this rank's block `block`.
+    fn finished(&mut self, range: Range<usize>, block: Range<usize>) -> &mut [u8] {
+        match self {
+            Data::InPlace(data) => &mut data[range],
+            Data::Apart { out, .. } => &mut out[range.start - block.start..range.end - block.start],
+        }
+    }
+}
+
+/// Reduces `data`'s contribution (`dtype` elements) over the group; on return this rank's
+/// block, the element range `Blocks::Balanced{count, parts: n}.block(rank)`, holds the final
+/// result (in place, or in the separate output) and the other blocks are unchanged. Needs at
+/// least two ranks.
 pub(crate) fn run(
     ctx: &OpCtx<'_>,
-    data: &mut [u8],
+    mut data: Data<'_>,
     dtype: DType,
     reduce: ReduceKind,
     segment_bytes: usize,
@@ -90,7 +123,7 @@ pub(crate) fn run(
     let n = ctx.size() as usize;
     let esize = dtype.size();
     let blocks = Blocks::Balanced {
-        count: data.len() / esize,
+        count: data.input().len() / esize,
         parts: n,
     };
     let segments = layout::segment_count(blocks.max_len(), segment_bytes / esize);
@@ -115,7 +148,17 @@ pub(crate) fn run(
         partial_len
     };
     let mut scratch = Scratch::take(send_len, partial_len);
-    let result = ring.steps(data, &mut scratch);
+    let mine = layout::bytes(blocks.block(ring.r), esize);
+    if let Data::Apart { out, .. } = &data {
+        if out.len() != mine.len() {
+            return Err(CollectiveError::invalid(format!(
+                "reduce_scatter output holds {} bytes; this rank's block needs {}",
+                out.len(),
+                mine.len()
+            )));
+        }
+    }
+    let result = ring.steps(&mut data, mine, &mut scratch);
     scratch.give_back();
     result
 }
@@ -147,7 +190,7 @@ impl Ring<'_, '_> {
     }
 
     /// The whole schedule, in the order described in the module docs.
-    fn steps(&self, data: &mut [u8], scratch: &mut Scratch) -> Result<()> {
+    fn steps(&self, data: &mut Data<'_>, mine: Range<usize>, scratch: &mut Scratch) -> Result<()> {
         let (n, r, esize, wsize) = (self.n, self.r, self.esize, self.wsize);
         let Scratch {
             send: send_buf,
@@ -159,31 +202,49 @@ impl Ring<'_, '_> {
                 let (send_block, recv_block) = layout::reduce_scatter_step(r, n, step);
                 let send_range = self.blocks.segment(send_block, self.segments, segment);
                 let send_len = send_range.len() * wsize;
-                if step > 0 {
-                    self.ctx.send(self.next(), &send_buf[..send_len])?;
-                } else if self.already_wide {
-                    // This rank's own elements are their own partial.
-                    let own = &data[layout::bytes(send_range, esize)];
-                    self.ctx.send(self.next(), own)?;
-                } else {
-                    let own = &data[layout::bytes(send_range, esize)];
-                    kernels::widen(self.dtype, own, &mut send_buf[..send_len])?;
-                    self.ctx.send(self.next(), &send_buf[..send_len])?;
-                }
-
                 let recv_range = self.blocks.segment(recv_block, self.segments, segment);
                 let recv_len = recv_range.len() * wsize;
-                self.ctx.recv_into(self.prev(), &mut recv_buf[..recv_len])?;
-                let own = &mut data[layout::bytes(recv_range, esize)];
+                let incoming = &mut recv_buf[..recv_len];
+                if step > 0 {
+                    let outgoing = &send_buf[..send_len];
+                    self.ctx
+                        .send_recv_into(self.next(), outgoing, self.prev(), incoming)?;
+                } else if self.already_wide {
+                    // This rank's own elements are their own partial.
+                    let own = &data.input()[layout::bytes(send_range, esize)];
+                    self.ctx
+                        .send_recv_into(self.next(), own, self.prev(), incoming)?;
+                } else {
+                    let own = &data.input()[layout::bytes(send_range, esize)];
+                    kernels::widen(self.dtype, own, &mut send_buf[..send_len])?;
+                    let outgoing = &send_buf[..send_len];
+                    self.ctx
+                        .send_recv_into(self.next(), outgoing, self.prev(), incoming)?;
+                }
+
+                let own_range = layout::bytes(recv_range, esize);
                 let partial = &mut recv_buf[..recv_len];
                 if last && self.already_wide && self.reduce != ReduceKind::Mean {
                     // The finished block is own ⊕ partial, and narrowing to the accumulation
                     // type itself changes nothing.
-                    kernels::accumulate_wide(self.dtype, self.reduce, own, partial)?;
+                    match data {
+                        Data::InPlace(data) => {
+                            let own = &mut data[own_range];
+                            kernels::accumulate_wide(self.dtype, self.reduce, own, partial)?;
+                        }
+                        Data::Apart { input, .. } => {
+                            let own = &input[own_range.clone()];
+                            kernels::accumulate_wide(self.dtype, self.reduce, partial, own)?;
+                            data.finished(own_range, mine.clone())
+                                .copy_from_slice(partial);
+                        }
+                    }
                     continue;
                 }
+                let own = &data.input()[own_range.clone()];
                 kernels::accumulate_narrow(self.dtype, self.reduce, partial, own)?;
                 if last {
+                    let own = data.finished(own_range, mine.clone());
                     kernels::finish(self.dtype, self.reduce, n as u32, partial, own)?;
                 } else {
                     // The partial just completed is the one to forward at the next step.

@@ -11,13 +11,11 @@ pub(crate) fn run(ctx: &OpCtx<'_>, root: u32, send: &[u8], recv: &mut [u8]) -> R
         return ctx.recv_into(root, recv);
     }
     let len = recv.len();
-    for rank in 0..ctx.size() {
-        let block = &send[rank as usize * len..(rank as usize + 1) * len];
-        if rank == root {
-            recv.copy_from_slice(block);
-        } else {
-            ctx.send(rank, block)?;
-        }
+    let block = |rank: u32| &send[rank as usize * len..(rank as usize + 1) * len];
+    for rank in (0..ctx.size()).filter(|&rank| rank != root) {
+        ctx.send(rank, block(rank))?;
     }
+    // The root's own block last, so that the others wait for nothing but the wire.
+    recv.copy_from_slice(block(root));
     Ok(())
 }

@@ -18,65 +18,53 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use hmac::{Hmac, Mac};
 use rlx_transport::{CollectiveError, PendingJoiner, Result};
-use sha2::Sha256;
 
-use crate::handshake::random_bytes;
+use crate::auth::{self, MAC_LEN, random_bytes};
 
-const MAGIC: &[u8; 8] = b"RLXJOIN1";
-const REFUSED: u8 = 0;
-const CHALLENGE: u8 = 1;
-const ADMITTED: u8 = 2;
-const MAC_LEN: usize = 32;
+/// First bytes of a join request.
+pub(crate) const MAGIC: &[u8; 8] = b"RLXJOIN1";
+/// The kind byte of a refusal.
+pub(crate) const REFUSED: u8 = 0;
+/// The kind byte of the desk's challenge.
+pub(crate) const CHALLENGE: u8 = 1;
+/// The kind byte of an admission.
+pub(crate) const ADMITTED: u8 = 2;
 /// Longest refusal reason read.
 const MAX_REASON: usize = 512;
 /// Largest plan accepted from a desk.
-pub(super) const MAX_PLAN: usize = 4096;
+pub(crate) const MAX_PLAN: usize = 4096;
 /// How long the desk gives one connection to prove itself, so that a silent stranger never
 /// holds the desk up for long.
 const PROOF_DEADLINE: Duration = Duration::from_secs(2);
 
 /// The job a desk or joiner speaks for.
 #[derive(Clone)]
-pub(super) struct Credentials {
-    pub(super) job: [u8; 16],
-    pub(super) secret: Option<Vec<u8>>,
+pub(crate) struct Credentials {
+    pub(crate) job: [u8; 16],
+    pub(crate) secret: Option<Vec<u8>>,
 }
 
 impl Credentials {
     fn mac(&self, label: &[u8], nonce: &[u8; 16]) -> [u8; MAC_LEN] {
-        let mut out = [0u8; MAC_LEN];
-        let Some(secret) = &self.secret else {
-            return out;
-        };
-        if let Ok(mut m) = Hmac::<Sha256>::new_from_slice(secret) {
-            m.update(label);
-            m.update(&self.job);
-            m.update(nonce);
-            out.copy_from_slice(&m.finalize().into_bytes());
+        match &self.secret {
+            Some(secret) => auth::mac(secret, &[label, &self.job, nonce]),
+            None => [0; MAC_LEN],
         }
-        out
     }
 
     fn verify(&self, label: &[u8], nonce: &[u8; 16], tag: &[u8; MAC_LEN]) -> bool {
-        let Some(secret) = &self.secret else {
-            return true;
-        };
-        let Ok(mut m) = Hmac::<Sha256>::new_from_slice(secret) else {
-            return false;
-        };
-        m.update(label);
-        m.update(&self.job);
-        m.update(nonce);
-        m.verify_slice(tag).is_ok()
+        match &self.secret {
+            Some(secret) => auth::verify(secret, &[label, &self.job, nonce], tag),
+            None => true,
+        }
     }
 }
 
 const DESK_LABEL: &[u8] = b"rlx-desk";
 const JOINER_LABEL: &[u8] = b"rlx-joiner";
 
-fn refuse(stream: &mut TcpStream, reason: &str) {
+fn refuse(stream: &mut impl Write, reason: &str) {
     let reason = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
     let mut out = vec![REFUSED];
     out.extend_from_slice(&(reason.len() as u16).to_le_bytes());
@@ -85,7 +73,7 @@ fn refuse(stream: &mut TcpStream, reason: &str) {
     let _ = stream.write_all(&out);
 }
 
-fn read_refusal(stream: &mut TcpStream) -> String {
+fn read_refusal(stream: &mut impl Read) -> String {
     let mut len = [0u8; 2];
     if stream.read_exact(&mut len).is_err() {
         return "no reason given".to_owned();
@@ -176,16 +164,29 @@ fn prove(
         .and_then(|()| stream.set_read_timeout(Some(PROOF_DEADLINE)))
         .and_then(|()| stream.set_nodelay(true))
         .map_err(|e| format!("socket setup: {e}"))?;
+    prove_on(&mut stream, credentials)?;
+    stream
+        .set_read_timeout(None)
+        .map_err(|e| format!("socket setup: {e}"))?;
+    Ok(Pending { stream, from })
+}
+
+/// Steps 1-3 of the desk's side on `stream`, whatever carries it: `Ok` once the joiner proved
+/// it belongs to the job, else why not (the joiner has been told).
+pub(crate) fn prove_on(
+    stream: &mut (impl Read + Write),
+    credentials: &Credentials,
+) -> std::result::Result<(), String> {
     let mut hello = [0u8; 40];
     stream
         .read_exact(&mut hello)
         .map_err(|e| format!("no join request within {PROOF_DEADLINE:?}: {e}"))?;
     if &hello[..8] != MAGIC {
-        refuse(&mut stream, "not an RLX join request");
+        refuse(stream, "not an RLX join request");
         return Err("not an RLX join request".to_owned());
     }
     if hello[8..24] != credentials.job {
-        refuse(&mut stream, "a joiner of another job (its job id differs)");
+        refuse(stream, "a joiner of another job (its job id differs)");
         return Err("a joiner of another job".to_owned());
     }
     let mut their_nonce = [0u8; 16];
@@ -202,24 +203,26 @@ fn prove(
         .read_exact(&mut proof)
         .map_err(|e| format!("no proof within {PROOF_DEADLINE:?}: {e}"))?;
     if !credentials.verify(JOINER_LABEL, &nonce, &proof) {
-        refuse(
-            &mut stream,
-            "authentication failed (RLX_JOB_SECRET differs)",
-        );
+        refuse(stream, "authentication failed (RLX_JOB_SECRET differs)");
         return Err("authentication failed (wrong or missing RLX_JOB_SECRET)".to_owned());
     }
-    stream
-        .set_read_timeout(None)
-        .map_err(|e| format!("socket setup: {e}"))?;
-    Ok(Pending { stream, from })
+    Ok(())
 }
 
 /// What a joiner is told by the desk that admits it.
 #[derive(Debug)]
-pub(super) struct Place {
-    pub(super) rank: u32,
-    pub(super) size: u32,
-    pub(super) plan: Vec<u8>,
+pub(crate) struct Place {
+    pub(crate) rank: u32,
+    pub(crate) size: u32,
+    pub(crate) plan: Vec<u8>,
+}
+
+/// A joiner's failed read or write `what` with the desk at `addr`.
+fn join_io_error(addr: SocketAddr, what: &str, e: io::Error) -> CollectiveError {
+    CollectiveError::Io {
+        peer: None,
+        source: io::Error::new(e.kind(), format!("joining at {addr}: {what}: {e}")),
+    }
 }
 
 /// On the joiner: connects to the desk at `addr` (trying again until `deadline`, since the
@@ -244,13 +247,28 @@ pub(super) fn join(
             Err(_) => std::thread::sleep(Duration::from_millis(50).min(left)),
         }
     };
-    let io_err = |what: &str, e: io::Error| CollectiveError::Io {
-        peer: None,
-        source: io::Error::new(e.kind(), format!("joining at {addr}: {what}: {e}")),
-    };
+    let io_err = |what: &str, e: io::Error| join_io_error(addr, what, e);
     stream
         .set_nodelay(true)
         .map_err(|e| io_err("socket setup", e))?;
+    // The deadline bounds every read of the exchange from here on.
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    stream
+        .set_read_timeout(Some(left))
+        .map_err(|e| io_err("socket setup", e))?;
+    join_on(&mut stream, addr, credentials)
+}
+
+/// Steps 1-4 of the joiner's side with the desk at `addr` on `stream`, whatever carries it:
+/// the place the desk gave, or why it gave none.
+pub(crate) fn join_on(
+    stream: &mut (impl Read + Write),
+    addr: SocketAddr,
+    credentials: &Credentials,
+) -> Result<Place> {
+    let io_err = |what: &str, e: io::Error| join_io_error(addr, what, e);
     let nonce: [u8; 16] = random_bytes()?;
     let mut hello = Vec::with_capacity(40);
     hello.extend_from_slice(MAGIC);
@@ -259,12 +277,6 @@ pub(super) fn join(
     stream
         .write_all(&hello)
         .map_err(|e| io_err("sending the request", e))?;
-    let left = deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_millis(1));
-    stream
-        .set_read_timeout(Some(left))
-        .map_err(|e| io_err("socket setup", e))?;
     let refused = |reason: String| {
         CollectiveError::config(format!(
             "the job at {addr} refused to admit this process: {reason}"
@@ -276,7 +288,7 @@ pub(super) fn join(
         .map_err(|e| io_err("reading the challenge", e))?;
     match kind[0] {
         CHALLENGE => {}
-        REFUSED => return Err(refused(read_refusal(&mut stream))),
+        REFUSED => return Err(refused(read_refusal(stream))),
         other => {
             return Err(CollectiveError::protocol(
                 None,
@@ -305,7 +317,7 @@ pub(super) fn join(
         .map_err(|e| io_err("waiting for admission", e))?;
     match kind[0] {
         ADMITTED => {}
-        REFUSED => return Err(refused(read_refusal(&mut stream))),
+        REFUSED => return Err(refused(read_refusal(stream))),
         other => {
             return Err(CollectiveError::protocol(
                 None,

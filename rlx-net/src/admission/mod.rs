@@ -8,7 +8,8 @@
 //! store on the leader, at a fresh port, under a job id of its own, so that no process of the
 //! old world can mistake it for its own.
 
-mod desk;
+// The desk's exchanges are the crate's too: `crate::fuzzing` drives both sides of them.
+pub(crate) mod desk;
 
 use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;
@@ -16,20 +17,21 @@ use std::time::{Duration, Instant};
 
 use rlx_transport::{Admission, CollectiveError, PendingJoiner, Rendezvous, Result, Transport};
 
-use crate::handshake::{job_digest, random_bytes};
+use crate::auth::random_bytes;
+use crate::handshake::job_digest;
 use crate::transport::{TcpTransport, TcpTransportBuilder};
 use desk::{Credentials, MAX_PLAN};
 
 /// Where the grown world meets: its store and its job id.
 #[derive(Debug, PartialEq, Eq)]
-struct Plan {
-    host: String,
-    port: u16,
-    job_id: String,
+pub(crate) struct Plan {
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) job_id: String,
 }
 
 impl Plan {
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         for field in [self.host.as_bytes(), self.job_id.as_bytes()] {
             out.extend_from_slice(&(field.len() as u16).to_le_bytes());
@@ -39,7 +41,7 @@ impl Plan {
         out
     }
 
-    fn decode(bytes: &[u8]) -> Result<Plan> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Plan> {
         let bad = || CollectiveError::protocol(None, "a malformed plan of a grown world");
         let mut rest = bytes;
         let mut field = || -> Result<String> {

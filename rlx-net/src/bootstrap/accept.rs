@@ -11,9 +11,10 @@ use std::time::Instant;
 
 use rlx_transport::CollectiveError;
 
+use crate::auth::{MAC_LEN, random_bytes};
 use crate::handshake::{
-    self, Expectation, HELLO_LEN, Hello, MAC_LEN, Refusal, RefusalCode, Reply, Side,
-    VERDICT_BAD_PROOF, VERDICT_DUPLICATE, VERDICT_OK, random_bytes,
+    self, Expectation, HELLO_LEN, Hello, Refusal, RefusalCode, Reply, Side, VERDICT_BAD_PROOF,
+    VERDICT_DUPLICATE, VERDICT_OK,
 };
 
 use super::config::{BootConfig, Link};

@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use rlx_transport::CollectiveError;
 use socket2::{Domain, Protocol, Socket, Type};
 
+use crate::auth::random_bytes;
 use crate::handshake::{
     self, Hello, PROTOCOL_VERSION, REPLY_LEN, RefusalCode, Reply, Side, VERDICT_DUPLICATE,
-    VERDICT_OK, random_bytes,
+    VERDICT_OK,
 };
 
 use super::config::{BootConfig, Link, SocketRole};
@@ -132,6 +133,17 @@ pub(super) fn connect_retrying(
     }
 }
 
+/// A failed read or write of the handshake with `peer` at `addr`.
+fn handshake_io_error(peer: u32, addr: &str, e: io::Error) -> CollectiveError {
+    CollectiveError::Io {
+        peer: Some(peer),
+        source: io::Error::new(
+            e.kind(),
+            io_text(&format!("handshake with rank {peer} at {addr}"), &e),
+        ),
+    }
+}
+
 /// The connector's half of the handshake on `stream` to `peer`: `Ok(true)` once the link is
 /// established, `Ok(false)` when the listener had no room and the caller should retry.
 fn handshake_connector(
@@ -145,13 +157,7 @@ fn handshake_connector(
     let addr = stream
         .peer_addr()
         .map_or_else(|_| "?".to_owned(), |a| a.to_string());
-    let io_peer = |e: io::Error| CollectiveError::Io {
-        peer: Some(peer),
-        source: io::Error::new(
-            e.kind(),
-            io_text(&format!("handshake with rank {peer} at {addr}"), &e),
-        ),
-    };
+    let io_peer = |e: io::Error| handshake_io_error(peer, &addr, e);
     let hello = Hello {
         version: PROTOCOL_VERSION,
         has_secret: cfg.secret.is_some(),
@@ -174,11 +180,33 @@ fn handshake_connector(
         deadline.min(Instant::now() + cfg.hello_timeout),
         "handshake reply",
     );
+    if !connector_exchange(cfg, peer, link, &addr, &hello_bytes, &mut answer, &mut s)? {
+        return Ok(false);
+    }
+    stream.set_read_timeout(None).map_err(io_peer)?;
+    stream.set_write_timeout(None).map_err(io_peer)?;
+    Ok(true)
+}
+
+/// The connector's half of the handshake after its hello (`hello_bytes`) went to `peer` at
+/// `addr`: reads the reply `from` the acceptor, answers the challenge `to` it when there is a
+/// secret, and reads the verdict. `Ok(true)` once the link is established, `Ok(false)` when
+/// the listener had no room; every length read is checked before it is allocated.
+pub(crate) fn connector_exchange(
+    cfg: &BootConfig,
+    peer: u32,
+    link: u32,
+    addr: &str,
+    hello_bytes: &[u8; handshake::HELLO_LEN],
+    from: &mut impl Read,
+    to: &mut impl Write,
+) -> Result<bool, CollectiveError> {
+    let io_peer = |e: io::Error| handshake_io_error(peer, addr, e);
     let mut fixed = [0u8; REPLY_LEN];
-    answer.read_exact(&mut fixed).map_err(io_peer)?;
+    from.read_exact(&mut fixed).map_err(io_peer)?;
     let (reply, reason_len) = Reply::decode(peer, &fixed)?;
     let mut reason = vec![0u8; reason_len];
-    answer.read_exact(&mut reason).map_err(io_peer)?;
+    from.read_exact(&mut reason).map_err(io_peer)?;
     if let Some(refusal) = reply.refusal {
         let reason = String::from_utf8_lossy(&reason);
         if refusal.code == RefusalCode::Busy {
@@ -203,16 +231,16 @@ fn handshake_connector(
         let proven = handshake::verify_mac(
             secret,
             Side::Acceptor,
-            &hello_bytes,
+            hello_bytes,
             &reply.nonce,
             &reply.mac,
         );
         // Answer even when the acceptor's proof failed, so that its side can report the
         // mismatch too.
-        let mine = handshake::mac(secret, Side::Connector, &hello_bytes, &reply.nonce);
-        s.write_all(&mine).map_err(io_peer)?;
+        let mine = handshake::mac(secret, Side::Connector, hello_bytes, &reply.nonce);
+        to.write_all(&mine).map_err(io_peer)?;
         let mut verdict = [0u8; 1];
-        let answered = answer.read_exact(&mut verdict);
+        let answered = from.read_exact(&mut verdict);
         if !proven {
             return Err(CollectiveError::protocol(
                 Some(peer),
@@ -238,7 +266,5 @@ fn handshake_connector(
             }
         }
     }
-    stream.set_read_timeout(None).map_err(io_peer)?;
-    stream.set_write_timeout(None).map_err(io_peer)?;
     Ok(true)
 }

@@ -33,7 +33,8 @@ use std::time::Instant;
 use rlx_transport::bootstrap::resolve;
 use rlx_transport::{CollectiveError, Rendezvous};
 
-use crate::handshake::{Expectation, random_bytes};
+use crate::auth::random_bytes;
+use crate::handshake::Expectation;
 
 use accept::accept_all;
 use address::{choose_ip, store_scope, with_scope};
@@ -42,9 +43,13 @@ pub(crate) use config::{
     BootConfig, DEFAULT_HELLO_TIMEOUT, Established, SocketSetup, SocketSetupFn,
 };
 use connect::connect_all;
+pub(crate) use connect::connector_exchange;
 pub(crate) use socket::tune;
 use socket::{listen, unspecified};
-use store::{Registration, register, serve_store};
+pub(crate) use store::{
+    Registration, encode_registration, read_registration, store_exchange, store_reply,
+};
+use store::{register, serve_store};
 
 fn io_err(peer: Option<u32>, source: io::Error) -> CollectiveError {
     CollectiveError::Io { peer, source }

@@ -33,6 +33,12 @@ pub(crate) use peer::{Holder, PeerState};
 /// Accounting weight of one queued failure notice, so that a flood of them is bounded too.
 const NOTICE_WEIGHT: u64 = 64;
 
+/// Messages at least this long that a posted receive with a buffer waits for are left on the
+/// link for that receive's thread, which lands them in place, instead of being read into an
+/// owned copy by whichever thread holds the link (the watcher, a blocked sender, another
+/// receive). Shorter ones are copied: the copy costs less than handing the link over.
+const OWNER_READS_MIN: u64 = 64 * 1024;
+
 /// Identity of a posted receive.
 pub(crate) type PostId = u64;
 
@@ -356,6 +362,11 @@ impl State {
         }
         let peer = self.peer(from);
         peer.posted.retain(|p| p.id != id);
+        // A link may have been left for this receive's thread (see `OWNER_READS_MIN`): its
+        // frame is read again, as a message nobody waits for or for another receive.
+        for slot in &mut peer.links {
+            slot.parked = false;
+        }
         let mut moved = None;
         let mut requeue = None;
         for a in &mut peer.arriving {
@@ -393,7 +404,8 @@ impl State {
 
     /// The reader of link 0 of `from` decoded the first frame of message `seq` (`total` bytes
     /// under `tag`). `reader` is the reading thread's own posted receive, if any. Returns where
-    /// the payload lands; [`Landing::Park`] leaves the frame unread (budget exhausted).
+    /// the payload lands; [`Landing::Park`] leaves the frame unread (budget exhausted, or a
+    /// large message that a receive of another thread waits for with a buffer of its own).
     pub(crate) fn on_first_frame(
         &mut self,
         from: u32,
@@ -425,8 +437,18 @@ impl State {
             .find(|p| p.tag == tag && matches!(p.state, PostState::Waiting));
         let (dest, target, capacity, landing) = match post {
             Some(post) => {
-                post.state = PostState::Filling;
                 let fits = post.capacity.is_none_or(|c| total <= c as u64);
+                if fits
+                    && post.capacity.is_some()
+                    && reader != Some(post.id)
+                    && total >= OWNER_READS_MIN
+                {
+                    // The receive's own thread lands it in its buffer: it is posted, so it
+                    // reads this link as soon as it gets it. Landing it here would cost an
+                    // allocation and a copy of the whole message.
+                    return Ok(Landing::Park);
+                }
+                post.state = PostState::Filling;
                 let capacity = post.capacity.unwrap_or(0);
                 let target = Target::Post(post.id);
                 if !fits {

@@ -151,44 +151,82 @@ impl Hub {
         links: &L,
         from: u32,
         tag: Tag,
-        mut buf: Option<&mut [u8]>,
+        buf: Option<&mut [u8]>,
         timeout: Duration,
     ) -> Result<Option<Outcome>, CollectiveError> {
+        let deadline = links.now().checked_add(timeout);
+        let st = lock(&self.state);
+        let (st, id) = match self.post(st, from, tag, buf.as_ref().map(|b| b.len()))? {
+            (st, Begin::Posted(id)) => (st, id),
+            (st, Begin::Ready(outcome)) => {
+                drop(st);
+                self.wake();
+                return Ok(Some(outcome));
+            }
+        };
+        self.complete(links, st, from, id, buf, deadline, false)
+    }
+
+    /// Posts a receive from `from` under `tag` (landing in a caller's buffer of `capacity`
+    /// bytes when one is given), or finds its message already queued.
+    pub(crate) fn post<'a>(
+        &self,
+        mut st: MutexGuard<'a, State>,
+        from: u32,
+        tag: Tag,
+        capacity: Option<usize>,
+    ) -> Result<(MutexGuard<'a, State>, Begin), CollectiveError> {
         if from >= self.world {
             return Err(CollectiveError::UnknownRank {
                 rank: from,
                 world_size: self.world,
             });
         }
-        let deadline = links.now().checked_add(timeout);
-        let mut st = lock(&self.state);
-        let id = match st.begin_recv(from, tag, buf.as_ref().map(|b| b.len()))? {
-            Begin::Ready(outcome) => {
-                drop(st);
-                self.wake();
-                return Ok(Some(outcome));
-            }
-            Begin::Posted(id) => {
-                // Claiming a message that was still arriving frees budget a stalled reader
-                // may be waiting for (notifying under the lock is fine).
-                self.wake();
-                id
-            }
-        };
+        let begin = st.begin_recv(from, tag, capacity)?;
+        if matches!(begin, Begin::Posted(_)) {
+            // Claiming a message that was still arriving frees budget a stalled reader may be
+            // waiting for (notifying under the lock is fine).
+            self.wake();
+        }
+        Ok((st, begin))
+    }
+
+    /// Waits for the posted receive `id` from `from` until `deadline`: as a follower, or
+    /// reading the links itself. `holding` says this thread already holds the reader role of
+    /// every link to `from` for `id` (an exchange that read them while it sent), so it reads
+    /// them at once without asking for them again.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the state of one receive, handed over whole"
+    )]
+    pub(crate) fn complete<'s, L: Links>(
+        &'s self,
+        links: &L,
+        mut st: MutexGuard<'s, State>,
+        from: u32,
+        id: PostId,
+        mut buf: Option<&mut [u8]>,
+        deadline: Option<Instant>,
+        holding: bool,
+    ) -> Result<Option<Outcome>, CollectiveError> {
         let is_self = from == self.rank;
         let mut stalled = false;
+        let mut holding = holding;
         loop {
-            if let Some(result) = st.poll_post(from, id) {
-                return result.map(Some);
+            if !holding {
+                if let Some(result) = st.poll_post(from, id) {
+                    return result.map(Some);
+                }
             }
             let now = links.now();
-            if deadline.is_some_and(|d| now >= d) {
+            if !holding && deadline.is_some_and(|d| now >= d) {
                 return Ok(match st.withdraw(from, id, buf.as_deref()) {
                     Withdrawn::Finished(outcome) => Some(outcome),
                     Withdrawn::Gone | Withdrawn::Moved { .. } => None,
                 });
             }
-            let acquired = !is_self && !stalled && self.try_acquire(links, &mut st, from, id);
+            let acquired = std::mem::take(&mut holding)
+                || (!is_self && !stalled && self.try_acquire(links, &mut st, from, id));
             if !acquired {
                 let wait = deadline.map_or(Duration::from_secs(3600), |d| d - now);
                 st = self.sleep(st, wait);
@@ -212,7 +250,13 @@ impl Hub {
     }
 
     /// Takes the reader role of every link to `from`, or marks the held ones wanted.
-    fn try_acquire<L: Links>(&self, links: &L, st: &mut State, from: u32, id: PostId) -> bool {
+    pub(crate) fn try_acquire<L: Links>(
+        &self,
+        links: &L,
+        st: &mut State,
+        from: u32,
+        id: PostId,
+    ) -> bool {
         let peer = &mut st.peers[from as usize];
         if peer.lost.is_some() {
             return false;
@@ -234,6 +278,15 @@ impl Hub {
             links.kick_watcher();
         }
         false
+    }
+}
+
+impl Hub {
+    /// Gives up the reader role of every link to `from` that this thread held, and wakes the
+    /// threads that may want them.
+    pub(crate) fn release_links<L: Links>(&self, links: &L, from: u32) {
+        release(&mut lock(&self.state), from, links.now());
+        self.wake();
     }
 }
 

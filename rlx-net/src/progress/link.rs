@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use crate::frame::FrameHeader;
-use crate::sync::{Mutex, MutexGuard, lock};
+use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering, lock};
 
 use super::socket::read_some;
 
@@ -22,6 +22,9 @@ pub(crate) struct EngineConfig {
     pub(crate) min_striped: u64,
     pub(crate) op_timeout: Duration,
     pub(crate) spin: Duration,
+    /// Heartbeat interval of every link (zero: no heartbeats, no silence detection); see
+    /// `heartbeat.rs`.
+    pub(crate) heartbeat: Duration,
 }
 
 /// A raw destination address that crosses threads with the link state that uses it.
@@ -75,8 +78,8 @@ impl LinkRx {
         self.end - self.start
     }
 
-    /// Reads more bytes into the staging buffer, keeping what is unread.
-    pub(super) fn fill(&mut self, stream: &TcpStream) -> io::Result<usize> {
+    /// Reads more bytes of `link` into the staging buffer, keeping what is unread.
+    pub(super) fn fill(&mut self, link: &Link) -> io::Result<usize> {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -85,7 +88,8 @@ impl LinkRx {
             self.end -= self.start;
             self.start = 0;
         }
-        read_some(stream, &mut self.staging[self.end..]).inspect(|&n| self.end += n)
+        link.read(&mut self.staging[self.end..])
+            .inspect(|&n| self.end += n)
     }
 }
 
@@ -94,6 +98,8 @@ impl LinkRx {
 pub(crate) struct Link {
     pub(super) stream: TcpStream,
     pub(super) rx: Mutex<LinkRx>,
+    /// Bytes arrived since the heartbeat monitor last looked (any byte proves the peer alive).
+    heard: AtomicBool,
 }
 
 impl Link {
@@ -101,7 +107,23 @@ impl Link {
         Self {
             stream,
             rx: Mutex::new(LinkRx::new()),
+            heard: AtomicBool::new(false),
         }
+    }
+
+    /// Reads what the socket has into `buf`, noting for the heartbeat monitor that the peer
+    /// was heard from. Every read of an established link goes through here.
+    pub(super) fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = read_some(&self.stream, buf)?;
+        if n > 0 {
+            self.heard.store(true, Ordering::Relaxed);
+        }
+        Ok(n)
+    }
+
+    /// Whether bytes arrived since the last call.
+    pub(super) fn take_heard(&self) -> bool {
+        self.heard.swap(false, Ordering::Relaxed)
     }
 
     pub(super) fn fd(&self) -> RawFd {

@@ -14,6 +14,9 @@
 //! - A background watcher polls links that no caller has touched for a little while: it drains
 //!   them into the budget and notices a lost peer at once even when nobody waits for it. A caller
 //!   that wants a link the watcher holds kicks it through a wake-up socket.
+//! - The watcher also beats on links that were silent in the sending direction and declares a
+//!   peer lost that sent nothing for several heartbeat intervals (`heartbeat.rs`), so a stopped
+//!   or unreachable peer is noticed in seconds, not at the operation timeout.
 //!
 //! Failure: EOF, a reset or a protocol violation on any link marks the peer lost, shuts its
 //! sockets down (so every thread polling them wakes) and wakes every waiter; `abort` does the
@@ -21,16 +24,21 @@
 //!
 //! Layout: this file holds the [`Engine`], its construction, failure and close; `hub.rs` the
 //! socket-free matching state, wake-up rule and receive loop (the part the loom models check);
-//! `recv.rs` the engine's socket side of that loop; `service.rs` the link service that lands frames; `send.rs` the send path;
-//! `watch.rs` the background watcher; `link.rs` the per-peer sockets and link state;
+//! `recv.rs` the engine's socket side of that loop; `service.rs` the link service that lands
+//! frames; `send.rs` the send path; `exchange.rs` a send and a receive run together by one
+//! thread; `traffic.rs` the byte counters; `watch.rs` the background watcher; `heartbeat.rs`
+//! the heartbeats and the silence rule; `link.rs` the per-peer sockets and link state;
 //! `socket.rs` the OS calls (`poll(2)`, vectored sends, wake-up sockets).
 
+mod exchange;
+mod heartbeat;
 mod hub;
 mod link;
 mod recv;
 mod send;
 mod service;
 mod socket;
+mod traffic;
 mod watch;
 
 use std::io::{self, IoSlice};
@@ -43,6 +51,10 @@ use rlx_transport::{CollectiveError, EXCLUSION_TAG, Failure, FatalCause, Tag};
 use crate::error::Lost;
 use crate::frame::{FrameHeader, FrameKind};
 use crate::sync::{AtomicBool, Mutex, lock};
+
+pub(crate) use heartbeat::DEFAULT_HEARTBEAT;
+
+use self::traffic::TrafficCounters;
 
 pub(crate) use hub::Hub;
 // The loom models drive the receive loop through a fake of the sockets.
@@ -70,6 +82,7 @@ pub(crate) struct Engine {
     watch_rx: UnixStream,
     watch_kicked: AtomicBool,
     self_seq: Mutex<u64>,
+    traffic: TrafficCounters,
 }
 
 impl Engine {
@@ -110,11 +123,17 @@ impl Engine {
             watch_rx,
             watch_kicked: AtomicBool::new(false),
             self_seq: Mutex::new(0),
+            traffic: TrafficCounters::default(),
         })
     }
 
     pub(crate) fn op_timeout(&self) -> Duration {
         self.cfg.op_timeout
+    }
+
+    /// What this engine has moved so far.
+    pub(crate) fn traffic(&self) -> rlx_transport::Traffic {
+        self.traffic.snapshot()
     }
 
     fn peer_io(&self, rank: u32) -> Result<&PeerIo, CollectiveError> {

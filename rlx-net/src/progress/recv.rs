@@ -112,7 +112,12 @@ impl Engine {
     /// The deadline passed while this thread reads for its own receive: withdraw it, and if
     /// its message was landing in the caller's buffer, point the links mid-stripe at the owned
     /// copy the matching state made.
-    fn withdraw_while_reading(&self, from: u32, io: &PeerIo, own: &mut Own<'_>) -> Option<Outcome> {
+    pub(super) fn withdraw_while_reading(
+        &self,
+        from: u32,
+        io: &PeerIo,
+        own: &mut Own<'_>,
+    ) -> Option<Outcome> {
         let withdrawn = lock(&self.hub.state).withdraw(from, own.id, own.buf.as_deref());
         match withdrawn {
             Withdrawn::Finished(outcome) => Some(outcome),

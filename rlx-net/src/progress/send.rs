@@ -14,6 +14,7 @@ use crate::matching::Holder;
 use crate::sync::lock;
 
 use super::Engine;
+use super::exchange::Companion;
 use super::link::PeerIo;
 use super::service::Service;
 use super::socket::{POLL_FDS, poll, pollfd, write_frame};
@@ -37,6 +38,19 @@ impl Engine {
         kind: FrameKind,
         tag: Tag,
         parts: &[&[u8]],
+    ) -> Result<(), CollectiveError> {
+        self.send_with(to, kind, tag, parts, None)
+    }
+
+    /// [`Engine::send`], reading the links of an exchange's receive meanwhile when one is
+    /// given (see [`Companion`]).
+    pub(super) fn send_with(
+        &self,
+        to: u32,
+        kind: FrameKind,
+        tag: Tag,
+        parts: &[&[u8]],
+        mut companion: Option<&mut Companion<'_>>,
     ) -> Result<(), CollectiveError> {
         self.check_rank(to)?;
         if self.is_aborted() {
@@ -115,6 +129,11 @@ impl Engine {
             if done {
                 break;
             }
+            // The exchange's receive moves on between writes, so both directions of the
+            // link stream at once instead of one waiting for the other's socket to fill.
+            if let Some(c) = companion.as_deref_mut() {
+                progress |= self.serve_companion(c);
+            }
             if progress {
                 continue;
             }
@@ -146,6 +165,11 @@ impl Engine {
             let pending: u64 = (0..count)
                 .filter(|&i| sent[i] < HEADER_LEN as u64 + stripes.range(i).1)
                 .fold(0, |mask, i| mask | 1 << i);
+            if let Some(c) = companion.as_deref_mut().filter(|c| c.reading()) {
+                if self.wait_exchange(io, pending, c) {
+                    continue;
+                }
+            }
             // Usually the peer is reading and the socket drains within microseconds: wait for
             // that alone first. Only when it does not (the peer may be blocked sending to us,
             // or in a ring of such senders) read every free link while waiting.
@@ -158,6 +182,9 @@ impl Engine {
             self.wait_writable(io, pending, deadline.map(|d| d - now));
         }
         tx.next_seq += 1;
+        if kind == FrameKind::Data {
+            self.traffic.sent(total);
+        }
         Ok(())
     }
 
@@ -257,6 +284,11 @@ impl Engine {
             let Some(Some(peer)) = self.peers.get(rank as usize) else {
                 continue;
             };
+            // A caller asked for this link meanwhile: it reads it into its own buffer, which
+            // is better than landing its message here and copying it again.
+            if lock(&self.hub.state).peers[rank as usize].links[k].wanted {
+                continue;
+            }
             let link = &peer.links[k];
             let mut rx = link.rx();
             // A bounded number of rounds keeps a busy link from starving the others.

@@ -13,7 +13,6 @@ use crate::sync::lock;
 
 use super::Engine;
 use super::link::{Land, Link, LinkRx, Payload, RawDest};
-use super::socket::read_some;
 
 /// Payloads at least this long (with nothing staged) are read straight into their destination.
 const DIRECT_READ_MIN: u64 = 16 * 1024;
@@ -82,7 +81,7 @@ impl Engine {
                         }
                         return Ok(Service::Progress);
                     }
-                    PayloadStep::NeedFill => match rx.fill(&link.stream) {
+                    PayloadStep::NeedFill => match rx.fill(link) {
                         Ok(0) => return Err(self.lost_eof(from)),
                         Ok(_) => continue,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -95,7 +94,7 @@ impl Engine {
             }
             if rx.header.is_none() {
                 if rx.staged() < HEADER_LEN {
-                    match rx.fill(&link.stream) {
+                    match rx.fill(link) {
                         Ok(0) => return Err(self.lost_eof(from)),
                         Ok(_) => continue,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -115,6 +114,11 @@ impl Engine {
                 continue;
             };
             match header.kind {
+                // The bytes were noted as heard when they were read; nothing else to do.
+                FrameKind::Beat => {
+                    rx.header = None;
+                    continue;
+                }
                 FrameKind::Close => {
                     let addr = self.peers.get(from as usize).and_then(|p| p.as_ref());
                     let addr = addr.map_or("an unknown address", |p| p.addr.as_str());
@@ -124,7 +128,7 @@ impl Engine {
                 }
                 FrameKind::Failure => {
                     if rx.staged() < FAILURE_WIRE_LEN {
-                        match rx.fill(&link.stream) {
+                        match rx.fill(link) {
                             Ok(0) => return Err(self.lost_eof(from)),
                             Ok(_) => continue,
                             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -245,14 +249,14 @@ impl Engine {
         } else if payload.remaining >= DIRECT_READ_MIN && !matches!(payload.land, Land::Discard) {
             let result = match payload.land {
                 Land::Caller => match own.and_then(|o| o.buf.as_deref_mut()) {
-                    Some(buf) => read_some(&link.stream, &mut buf[at..at + want]),
+                    Some(buf) => link.read(&mut buf[at..at + want]),
                     None => return Err(internal_lost(from)),
                 },
                 Land::Owned(dest) => {
                     // SAFETY: as above; the slice covers exactly the unwritten rest of this
                     // link's stripe, which nothing else reads or writes meanwhile.
                     let slice = unsafe { std::slice::from_raw_parts_mut(dest.0.add(at), want) };
-                    read_some(&link.stream, slice)
+                    link.read(slice)
                 }
                 Land::Discard => Ok(0),
             };
@@ -267,6 +271,8 @@ impl Engine {
         };
         payload.at += n as u64;
         payload.remaining -= n as u64;
+        let owned = matches!(payload.land, Land::Owned(_));
+        self.traffic.received(n as u64, owned);
         Ok(PayloadStep::Moved(n))
     }
 

@@ -1,5 +1,6 @@
 //! The background watcher: polls links no caller has touched for a little while, drains them
-//! into the unexpected budget and notices a lost peer even when nobody waits for it.
+//! into the unexpected budget and notices a lost peer even when nobody waits for it; it also
+//! runs the heartbeat monitor (`heartbeat.rs`).
 
 use std::io::Read;
 use std::os::fd::AsRawFd;
@@ -9,6 +10,7 @@ use crate::matching::Holder;
 use crate::sync::{Ordering, lock};
 
 use super::Engine;
+use super::heartbeat::Pulse;
 use super::socket::{poll, pollfd};
 
 /// The watcher leaves a link alone until no caller has released it for this long, so that it
@@ -22,7 +24,11 @@ impl Engine {
     pub(crate) fn watch(&self) {
         let mut held: Vec<(u32, usize)> = Vec::new();
         let mut fds: Vec<libc::pollfd> = Vec::new();
+        let mut pulse = Pulse::new(self);
         while !self.is_aborted() {
+            if let Some(pulse) = pulse.as_mut() {
+                pulse.tick(self);
+            }
             held.clear();
             {
                 let mut st = lock(&self.hub.state);

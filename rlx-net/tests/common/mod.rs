@@ -8,10 +8,15 @@
     reason = "each test binary uses a different part of the harness"
 )]
 
+pub(crate) mod in_process;
+pub(crate) mod observed;
+
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use libtest_mimic::Trial;
 use rlx_net::TcpTransport;
 use rlx_transport::{CollectiveError, Transport};
 
@@ -24,6 +29,34 @@ pub(crate) type Test = (&'static str, fn());
 /// Runs the worker role if one is selected, else the tests under libtest's command line
 /// (filters, `--exact`, `--list`, `--ignored`, ...) and exits with libtest's conventions.
 pub(crate) fn run(tests: &[Test], worker: fn(&str) -> Result<(), String>) -> ! {
+    let trials = tests
+        .iter()
+        .map(|&(name, body)| trial(name, body, None))
+        .collect();
+    run_trials(trials, worker)
+}
+
+/// The trial of `body`; when `unavailable` names a reason this machine cannot run it, an
+/// ignored trial that shows the reason instead (a failing one under `CI=true`, where every
+/// test must run).
+pub(crate) fn trial(name: &str, body: fn(), unavailable: Option<&'static str>) -> Trial {
+    let in_ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    match unavailable {
+        None => Trial::test(name, move || {
+            body();
+            Ok(())
+        }),
+        Some(reason) if in_ci => Trial::test(name, move || {
+            Err(format!("CI=true, yet this test cannot run here: {reason}").into())
+        }),
+        Some(reason) => Trial::test(name, || Ok(()))
+            .with_ignored_flag(true)
+            .with_kind(format!("skipped: {reason}")),
+    }
+}
+
+/// [`run`] over trials made with [`trial`].
+pub(crate) fn run_trials(trials: Vec<Trial>, worker: fn(&str) -> Result<(), String>) -> ! {
     if let Ok(role) = std::env::var(ROLE) {
         // The transport's warnings (refusals, lost peers) go to stderr, where tests read them.
         let filter = tracing_subscriber::EnvFilter::try_from_env("RLX_DEBUG")
@@ -45,15 +78,6 @@ pub(crate) fn run(tests: &[Test], worker: fn(&str) -> Result<(), String>) -> ! {
     // One test at a time unless asked otherwise: the tests count this process's threads and
     // sockets, and their worker processes share two cores.
     args.test_threads.get_or_insert(1);
-    let trials = tests
-        .iter()
-        .map(|&(name, body)| {
-            libtest_mimic::Trial::test(name, move || {
-                body();
-                Ok(())
-            })
-        })
-        .collect();
     libtest_mimic::run(&args, trials).exit()
 }
 
@@ -66,8 +90,22 @@ pub(crate) fn free_port() -> u16 {
 
 /// Starts this test binary as a worker with `role` and the given environment.
 pub(crate) fn spawn(role: &str, env: &[(String, String)]) -> Child {
+    spawn_in(None, role, env)
+}
+
+/// Starts this test binary as a worker with `role` and the given environment, inside the
+/// network namespace `netns` when one is given (`ip netns exec` runs it in the same process,
+/// so the child's id is the worker's).
+pub(crate) fn spawn_in(netns: Option<&str>, role: &str, env: &[(String, String)]) -> Child {
     let exe = std::env::current_exe().expect("current exe");
-    let mut cmd = Command::new(exe);
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
     cmd.env(ROLE, role)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -245,7 +283,131 @@ pub(crate) fn ring_check(t: &dyn Transport) -> Result<(), String> {
     Ok(())
 }
 
+/// Runs `body(peer)` on one thread per peer of `t` until one returns; prints that first
+/// error and when it came (`lost: ... at MS`), lingers for `linger` so that the other ranks
+/// see the loss themselves before this one goes, then aborts `t` (which ends every other
+/// thread's call) and joins them all.
+pub(crate) fn until_first_failure(
+    t: &Arc<TcpTransport>,
+    linger: Duration,
+    body: impl Fn(u32) -> CollectiveError + Send + Sync + 'static,
+) -> Result<(), String> {
+    let (rank, n) = (t.rank(), t.world_size());
+    let body = Arc::new(body);
+    let (tx, rx) = mpsc::channel::<(CollectiveError, u128)>();
+    let threads: Vec<_> = (0..n)
+        .filter(|&p| p != rank)
+        .map(|peer| {
+            let tx = tx.clone();
+            let body = Arc::clone(&body);
+            std::thread::spawn(move || {
+                let err = body(peer);
+                let _ = tx.send((err, now_ms()));
+            })
+        })
+        .collect();
+    drop(tx);
+    let (first, at) = rx.recv().map_err(|e| format!("no thread reported: {e}"))?;
+    println!("lost: {} at {at}", describe(&first));
+    std::thread::sleep(linger);
+    t.abort();
+    for h in threads {
+        h.join().map_err(|_| "a peer thread panicked".to_owned())?;
+    }
+    Ok(())
+}
+
 /// Formats an error with its variant, for assertions in the parent.
 pub(crate) fn describe(e: &CollectiveError) -> String {
     format!("{e:?} / {e}")
+}
+
+/// A world of `n` ranks in this process (one thread builds each, `tune` sets its options),
+/// through a rendezvous store on loopback.
+pub(crate) fn local_world(
+    n: u32,
+    tune: fn(rlx_net::TcpTransportBuilder) -> rlx_net::TcpTransportBuilder,
+) -> Vec<TcpTransport> {
+    let port = free_port();
+    let handles: Vec<_> = (0..n)
+        .map(|rank| {
+            std::thread::spawn(move || {
+                let b = TcpTransport::builder()
+                    .rank(rank)
+                    .world_size(n)
+                    .master("127.0.0.1", port)
+                    .connect_timeout(Duration::from_secs(20));
+                tune(b).build()
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap())
+        .collect()
+}
+
+/// [`local_world`], each transport shared so that several threads can drive it.
+pub(crate) fn shared_world(
+    n: u32,
+    tune: fn(rlx_net::TcpTransportBuilder) -> rlx_net::TcpTransportBuilder,
+) -> Vec<std::sync::Arc<TcpTransport>> {
+    local_world(n, tune)
+        .into_iter()
+        .map(std::sync::Arc::new)
+        .collect()
+}
+
+/// The wire protocol version the tests' hand-made hellos and registrations speak.
+pub(crate) const PROTOCOL_VERSION: u32 = 3;
+
+/// The 16-byte digest of the job id `job`, as the handshake sends it.
+pub(crate) fn job_digest(job: &str) -> [u8; 16] {
+    use sha2::Digest;
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&sha2::Sha256::digest(job.as_bytes())[..16]);
+    out
+}
+
+/// The hello of `rank`'s link 0 (of one) in a world of `world` of the job `job`, without a
+/// secret, as a connector sends it (see `src/handshake.rs`).
+pub(crate) fn hello(job: &str, world: u32, rank: u32) -> [u8; 72] {
+    let mut h = [0u8; 72];
+    h[0..8].copy_from_slice(b"RLXTCP\r\n");
+    h[8..12].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    h[16..32].copy_from_slice(&job_digest(job));
+    h[32..36].copy_from_slice(&world.to_le_bytes());
+    h[36..40].copy_from_slice(&rank.to_le_bytes());
+    h[44..48].copy_from_slice(&1u32.to_le_bytes());
+    h
+}
+
+/// Waits until at least `n` connections to the local `port` are established (read from
+/// `/proc/net/tcp{,6}`), so the test knows which ranks are already connected.
+pub(crate) fn wait_established(port: u16, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let suffix = format!(":{port:04X}");
+    loop {
+        let count: usize = ["/proc/net/tcp", "/proc/net/tcp6"]
+            .iter()
+            .filter_map(|f| std::fs::read_to_string(f).ok())
+            .map(|table| {
+                table
+                    .lines()
+                    .filter(|l| {
+                        let cols: Vec<&str> = l.split_whitespace().collect();
+                        cols.len() > 3 && cols[1].ends_with(&suffix) && cols[3] == "01"
+                    })
+                    .count()
+            })
+            .sum();
+        if count >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {count} connections to port {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

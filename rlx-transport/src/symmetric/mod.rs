@@ -214,4 +214,10 @@ pub trait SymmetricTransport: Transport {
     fn wait_until(&self, offset: u64, cmp: Cmp, value: u64, timeout: Duration) -> Result<u64> {
         self.heap().wait_until(offset, cmp, value, timeout)
     }
+
+    /// Whether nothing `rank` sent can change this rank's heap any more: its link is gone and
+    /// every request it sent before leaving has been applied. A wait on a signal that only
+    /// `rank` sets is hopeless once this holds and the signal has not arrived; before, the
+    /// signal may still be on its way even though `rank` itself has left.
+    fn source_finished(&self, rank: u32) -> bool;
 }

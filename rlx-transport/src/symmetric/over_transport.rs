@@ -62,6 +62,9 @@ struct Shared<T> {
     heap: SymmetricHeap,
     completions: Arc<Completions>,
     stop: AtomicBool,
+    /// By peer: set once the peer's server has stopped for good after its stream ended, so
+    /// nothing that peer sent can change this heap any more.
+    served_to_end: Vec<AtomicBool>,
 }
 
 /// A [`SymmetricTransport`] made of any two-sided transport `T` and a heap of the same size on
@@ -120,6 +123,7 @@ impl<T: Transport + 'static> Symmetric<T> {
             heap: SymmetricHeap::new(rank, heap_size)?,
             completions: Arc::new(Completions::new(rank)),
             stop: AtomicBool::new(false),
+            served_to_end: (0..world).map(|_| AtomicBool::new(false)).collect(),
             inner,
         });
         let mut symmetric = Symmetric {
@@ -145,7 +149,12 @@ impl<T: Transport + 'static> Symmetric<T> {
             let server_shared = Arc::clone(&symmetric.shared);
             let server = thread::Builder::new()
                 .name(format!("rlx-heap-serve-{rank}-{peer}"))
-                .spawn(move || serve_loop(&server_shared, peer, &requests))
+                .spawn(move || {
+                    serve_loop(&server_shared, peer, &requests);
+                    if let Some(done) = server_shared.served_to_end.get(peer as usize) {
+                        done.store(true, Ordering::Release);
+                    }
+                })
                 .map_err(|source| CollectiveError::Io {
                     peer: Some(peer),
                     source,
@@ -366,20 +375,28 @@ fn read_loop<T: Transport>(shared: &Shared<T>, peer: u32, queue: &RequestQueue) 
                         return;
                     }
                 } else if shared.completions.complete(peer, bytes).is_err() {
-                    // `complete` marked the link down; nothing from this peer is trusted now.
+                    // `complete` marked the link down; nothing from this peer is trusted now,
+                    // not even the requests still queued.
+                    queue.close();
                     return;
                 }
             }
             Err(err) => {
+                // The peer's stream is over (it left, or its link failed): its earlier
+                // requests are still applied, because a peer that finished its part and left
+                // may have put data its neighbour has yet to see.
                 shared.completions.fail_peer(peer, &err);
+                queue.end();
                 return;
             }
         }
     }
 }
 
-/// Applies `peer`'s requests in arrival order and answers them.
+/// Applies `peer`'s requests in arrival order and answers them. Once an answer cannot be
+/// sent the peer is gone, but the requests it sent before still are applied (unanswered).
 fn serve_loop<T: Transport>(shared: &Shared<T>, peer: u32, requests: &RequestQueue) {
+    let mut answering = true;
     while let Some(bytes) = requests.pop() {
         let reply = match wire::decode(peer, &bytes) {
             Ok(wire::Message::Request(request)) => service::serve(&shared.heap, &request),
@@ -393,9 +410,12 @@ fn serve_loop<T: Transport>(shared: &Shared<T>, peer: u32, requests: &RequestQue
                 return;
             }
         };
+        if !answering {
+            continue;
+        }
         if let Err(err) = shared.inner.send_message(peer, HEAP_SERVICE_TAG, &[&reply]) {
             shared.completions.fail_peer(peer, &err);
-            return;
+            answering = false;
         }
     }
 }
@@ -584,6 +604,13 @@ impl<T: Transport + 'static> SymmetricTransport for Symmetric<T> {
     fn wait_until(&self, offset: u64, cmp: Cmp, value: u64, timeout: Duration) -> Result<u64> {
         self.shared.heap.wait_until(offset, cmp, value, timeout)
     }
+
+    fn source_finished(&self, rank: u32) -> bool {
+        self.shared
+            .served_to_end
+            .get(rank as usize)
+            .is_some_and(|done| done.load(Ordering::Acquire))
+    }
 }
 
 impl<T: Transport + 'static> Transport for Symmetric<T> {
@@ -611,6 +638,24 @@ impl<T: Transport + 'static> Transport for Symmetric<T> {
         timeout: Duration,
     ) -> Result<Option<usize>> {
         self.shared.inner.recv_message_into(from, tag, buf, timeout)
+    }
+
+    fn traffic(&self) -> Option<crate::Traffic> {
+        self.shared.inner.traffic()
+    }
+
+    fn send_recv_into(
+        &self,
+        to: u32,
+        from: u32,
+        tag: Tag,
+        parts: &[&[u8]],
+        buf: &mut [u8],
+        timeout: Duration,
+    ) -> Result<Option<usize>> {
+        self.shared
+            .inner
+            .send_recv_into(to, from, tag, parts, buf, timeout)
     }
 
     fn send_failure(&self, to: u32, tag: Tag, failure: Failure) -> Result<()> {

@@ -4,7 +4,8 @@
 //! that is itself serving one would otherwise stall the reader that takes this rank's
 //! responses), so the queue is unbounded; the initiators' own flow keeps it short (see
 //! [`Symmetric`](super::Symmetric)). Closing it wakes the server at once, so dropping a
-//! transport never waits for a server to notice.
+//! transport never waits for a server to notice. Ending it is the gentler stop of a peer whose
+//! stream of messages is over: the server still applies what the peer sent before it left.
 
 use std::collections::VecDeque;
 
@@ -22,6 +23,8 @@ pub struct RequestQueue {
 struct Queued {
     requests: VecDeque<Vec<u8>>,
     closed: bool,
+    /// No request will be pushed any more, but those queued are still served.
+    ended: bool,
 }
 
 impl RequestQueue {
@@ -30,10 +33,11 @@ impl RequestQueue {
         Self::default()
     }
 
-    /// Appends `request`; `false` (and the request is dropped) once the queue is closed.
+    /// Appends `request`; `false` (and the request is dropped) once the queue is closed or
+    /// ended.
     pub fn push(&self, request: Vec<u8>) -> bool {
         let mut state = lock(&self.state);
-        if state.closed {
+        if state.closed || state.ended {
             return false;
         }
         state.requests.push_back(request);
@@ -42,9 +46,9 @@ impl RequestQueue {
         true
     }
 
-    /// Waits for the oldest request; `None` once the queue is closed. Requests pushed before
-    /// the close are still dropped with it: a closed queue belongs to a link or a transport
-    /// that is going away, whose responses nobody would read.
+    /// Waits for the oldest request; `None` once the queue is closed, or once it is ended and
+    /// empty. Requests pushed before a close are dropped with it: a closed queue belongs to a
+    /// transport that is going away, or to a peer that is no longer trusted.
     pub fn pop(&self) -> Option<Vec<u8>> {
         let mut state = lock(&self.state);
         loop {
@@ -54,6 +58,9 @@ impl RequestQueue {
             if let Some(request) = state.requests.pop_front() {
                 return Some(request);
             }
+            if state.ended {
+                return None;
+            }
             state = match self.changed.wait(state) {
                 Ok(guard) => guard,
                 Err(poisoned) => poisoned.into_inner(),
@@ -61,7 +68,15 @@ impl RequestQueue {
         }
     }
 
-    /// Closes the queue and wakes the server; idempotent.
+    /// Says that the peer's stream is over (it left, or its link failed): the server takes
+    /// the requests already queued, then `pop` returns `None`. What a departed peer put before
+    /// it left belongs in the heap like anything else it put; idempotent.
+    pub fn end(&self) {
+        lock(&self.state).ended = true;
+        self.changed.notify_all();
+    }
+
+    /// Closes the queue, drops what it holds and wakes the server; idempotent.
     pub fn close(&self) {
         let mut state = lock(&self.state);
         state.closed = true;

@@ -25,11 +25,15 @@ pub(crate) enum BenchOp {
     AllToAll,
     /// Every rank sends to the next and receives from the previous at once.
     SendRecv,
+    /// Gather to rank 0 (size = the root's gathered output).
+    Gather,
+    /// Scatter from rank 0 (size = the root's whole input).
+    Scatter,
 }
 
 impl BenchOp {
     /// Every operation, in the order `--op all` runs them.
-    pub(crate) const ALL: [BenchOp; 7] = [
+    pub(crate) const ALL: [BenchOp; 9] = [
         BenchOp::AllReduce,
         BenchOp::AllGather,
         BenchOp::ReduceScatter,
@@ -37,6 +41,8 @@ impl BenchOp {
         BenchOp::Reduce,
         BenchOp::AllToAll,
         BenchOp::SendRecv,
+        BenchOp::Gather,
+        BenchOp::Scatter,
     ];
 
     /// The snake-case name used in flags, tables and the line protocol.
@@ -49,6 +55,8 @@ impl BenchOp {
             BenchOp::Reduce => "reduce",
             BenchOp::AllToAll => "all_to_all",
             BenchOp::SendRecv => "sendrecv",
+            BenchOp::Gather => "gather",
+            BenchOp::Scatter => "scatter",
         }
     }
 
@@ -63,7 +71,7 @@ impl BenchOp {
     /// The root, for rooted operations (nccl-tests prints -1 otherwise).
     pub(crate) const fn root(self) -> Option<u32> {
         match self {
-            BenchOp::Broadcast | BenchOp::Reduce => Some(0),
+            BenchOp::Broadcast | BenchOp::Reduce | BenchOp::Gather | BenchOp::Scatter => Some(0),
             _ => None,
         }
     }
@@ -72,7 +80,11 @@ impl BenchOp {
     pub(crate) const fn blocked(self) -> bool {
         matches!(
             self,
-            BenchOp::AllGather | BenchOp::ReduceScatter | BenchOp::AllToAll
+            BenchOp::AllGather
+                | BenchOp::ReduceScatter
+                | BenchOp::AllToAll
+                | BenchOp::Gather
+                | BenchOp::Scatter
         )
     }
 
@@ -81,8 +93,29 @@ impl BenchOp {
         let n = f64::from(ranks.max(1));
         match self {
             BenchOp::AllReduce => 2.0 * (n - 1.0) / n,
-            BenchOp::AllGather | BenchOp::ReduceScatter | BenchOp::AllToAll => (n - 1.0) / n,
+            BenchOp::AllGather
+            | BenchOp::ReduceScatter
+            | BenchOp::AllToAll
+            | BenchOp::Gather
+            | BenchOp::Scatter => (n - 1.0) / n,
             BenchOp::Broadcast | BenchOp::Reduce | BenchOp::SendRecv => 1.0,
+        }
+    }
+}
+
+/// A (operation, dtype, reduction) combination of the sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Combo {
+    pub(crate) op: BenchOp,
+    pub(crate) dtype: DType,
+    pub(crate) redop: Option<ReduceKind>,
+}
+
+impl Combo {
+    pub(crate) fn label(&self) -> String {
+        match self.redop {
+            Some(r) => format!("{} {} {}", self.op, self.dtype, r),
+            None => format!("{} {}", self.op, self.dtype),
         }
     }
 }
@@ -200,6 +233,18 @@ pub(crate) fn median(values: &[f64]) -> f64 {
         _ if n % 2 == 1 => sorted[n / 2],
         _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
     }
+}
+
+/// The `q` quantile (0..=1) of `values` by the nearest-rank rule: the smallest value that at
+/// least `q` of them do not exceed; 0 for none.
+pub(crate) fn percentile(values: &[f64], q: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (q.clamp(0.0, 1.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 /// Algorithm and bus bandwidth in GB/s (10^9 bytes per second, as nccl-tests) of moving
@@ -382,6 +427,16 @@ mod tests {
         assert_eq!(s.last(), Some(&(256 << 20)));
         assert_eq!(sizes(8, 32, 2).unwrap(), [8, 16, 32]);
         assert!(sizes(0, 8, 2).is_err() && sizes(8, 4, 2).is_err() && sizes(8, 64, 1).is_err());
+    }
+
+    #[test]
+    fn percentiles_take_the_nearest_rank() {
+        let values: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        assert_eq!(percentile(&values, 0.90), 90.0);
+        assert_eq!(percentile(&values, 0.99), 99.0);
+        assert_eq!(percentile(&values, 1.0), 100.0);
+        assert_eq!(percentile(&[7.0], 0.5), 7.0);
+        assert_eq!(percentile(&[], 0.9), 0.0);
     }
 
     #[test]

@@ -358,22 +358,76 @@ fn mlx_hostfile(ranks: u32) -> Result<PathBuf, String> {
     Ok(path)
 }
 
-/// One `iperf3` TCP stream over loopback for `seconds`: its received bandwidth in GB/s, or a
-/// note when iperf3 is missing or fails.
-pub(crate) fn iperf3(seconds: u32) -> Result<f64, String> {
+/// Where `iperf3` measures the ceiling: over loopback, or between the network namespaces of
+/// ranks 0 and 1 over the same link the ranks use.
+#[derive(Debug, Clone)]
+pub(crate) struct IperfPath {
+    /// The namespaces of the client (rank 0) and the server (rank 1), or none for loopback.
+    pub(crate) namespaces: Option<(String, String)>,
+    /// The server's address.
+    pub(crate) server: String,
+}
+
+impl IperfPath {
+    /// Loopback on this host.
+    pub(crate) fn loopback() -> IperfPath {
+        IperfPath {
+            namespaces: None,
+            server: "127.0.0.1".to_owned(),
+        }
+    }
+
+    /// What the table calls this path.
+    pub(crate) fn describe(&self) -> &'static str {
+        if self.namespaces.is_some() {
+            "between the namespaces of ranks 0 and 1"
+        } else {
+            "over loopback"
+        }
+    }
+
+    /// `program` run in the namespace `ns` when there is one.
+    fn command(&self, ns: Option<&str>, program: &Path) -> (PathBuf, Vec<String>) {
+        match ns {
+            Some(ns) => (
+                PathBuf::from("ip"),
+                vec![
+                    "netns".to_owned(),
+                    "exec".to_owned(),
+                    ns.to_owned(),
+                    program.display().to_string(),
+                ],
+            ),
+            None => (program.to_path_buf(), Vec::new()),
+        }
+    }
+}
+
+/// `iperf3` over `path` for `seconds` with `streams` parallel TCP streams: their received
+/// bandwidth together in GB/s, or a note when iperf3 is missing or fails.
+pub(crate) fn iperf3(seconds: u32, path: &IperfPath, streams: u32) -> Result<f64, String> {
     let Some(iperf3) = find_program("iperf3") else {
         return Err("iperf3: skipped, not found (apt-get install iperf3)".to_owned());
     };
     let port = job::free_port()?.to_string();
-    let server = ChildSpec::new("iperf3 server", &iperf3).args([
-        "-s",
-        "-1",
-        "--forceflush",
-        "-B",
-        "127.0.0.1",
-        "-p",
-        &port,
-    ]);
+    let (client_ns, server_ns) = match &path.namespaces {
+        Some((client, server)) => (Some(client.as_str()), Some(server.as_str())),
+        None => (None, None),
+    };
+    let (program, mut args) = path.command(server_ns, &iperf3);
+    args.extend(
+        [
+            "-s",
+            "-1",
+            "--forceflush",
+            "-B",
+            path.server.as_str(),
+            "-p",
+            &port,
+        ]
+        .map(str::to_owned),
+    );
+    let server = ChildSpec::new("iperf3 server", &program).args(args);
     let mut job = Job::spawn(&[server])?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -386,16 +440,23 @@ pub(crate) fn iperf3(seconds: u32) -> Result<f64, String> {
             _ => {}
         }
     }
-    let output = Command::new(&iperf3)
-        .args([
+    let (program, mut args) = path.command(client_ns, &iperf3);
+    args.extend(
+        [
             "-c",
-            "127.0.0.1",
+            path.server.as_str(),
             "-p",
             &port,
             "-J",
             "-t",
             &seconds.to_string(),
-        ])
+            "-P",
+            &streams.max(1).to_string(),
+        ]
+        .map(str::to_owned),
+    );
+    let output = Command::new(&program)
+        .args(&args)
         .output()
         .map_err(|e| format!("iperf3: could not run the client: {e}"))?;
     job.finish(Duration::from_secs(2));

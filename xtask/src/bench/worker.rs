@@ -3,7 +3,8 @@
 //!
 //! Method, the same in every system of the sweep: a barrier before each iteration, one
 //! operation timed per iteration, in-place inputs restored from a pristine copy outside the
-//! timing, outputs poisoned before the last iteration and checked after it; then the
+//! timing, outputs in buffers allocated once per size (as the MPI benchmark's are; RLX's
+//! `*_into` forms), poisoned before the last iteration and checked after it; then the
 //! per-iteration times are reduced with MAX and the wrong counts with SUM across the ranks,
 //! outside the timed region, and rank 0 answers.
 
@@ -20,11 +21,6 @@ use crate::world::{self, TransportKind};
 
 /// The user tag of the sendrecv benchmark's messages.
 const SENDRECV_TAG: u32 = 7;
-
-/// Above this many bytes sendrecv sends from a second thread while this one receives, so that
-/// two ranks sending large messages to each other at once cannot both block on backpressure;
-/// below it a send completes at once and a thread would only add its start-up to the time.
-const SENDRECV_THREAD_BYTES: usize = 64 * 1024;
 
 /// Flags of the hidden `__bench-rank` subcommand (set by the bench launcher).
 #[derive(Debug, Args)]
@@ -118,8 +114,11 @@ struct Buffers {
     pristine: Vec<u8>,
     /// The in-place buffer (all-reduce, reduce, broadcast).
     work: Vec<u8>,
-    /// The output of the last iteration (operations that return one).
+    /// The output of the operations that have one, allocated once for every iteration.
     out: Vec<u8>,
+    /// What `out` is filled with before the last iteration, so that an element the operation
+    /// failed to write shows as wrong.
+    poison: Vec<u8>,
     /// A compressed all-reduce's f32 input, its in-place buffer and its compressor (whose
     /// error feedback carries from one iteration to the next, as in training).
     compressed: Option<(Vec<f32>, Vec<f32>, Compressor)>,
@@ -159,7 +158,11 @@ fn run_step(group: &ProcessGroup, step: &Step) -> Result<Reply, CollectiveError>
         ),
         BenchOp::Broadcast if rank != 0 => check::encode(dtype, (0..count).map(|_| POISON)),
         BenchOp::Broadcast => check::encode(dtype, (0..count).map(|i| check::data_value(0, i))),
-        BenchOp::AllGather => check::encode(dtype, (0..block).map(|i| check::data_value(rank, i))),
+        BenchOp::AllGather | BenchOp::Gather => {
+            check::encode(dtype, (0..block).map(|i| check::data_value(rank, i)))
+        }
+        BenchOp::Scatter if rank != 0 => Vec::new(),
+        BenchOp::Scatter => check::encode(dtype, (0..count).map(|i| check::data_value(0, i))),
         BenchOp::AllToAll | BenchOp::SendRecv => {
             check::encode(dtype, (0..count).map(|i| check::data_value(rank, i)))
         }
@@ -170,10 +173,19 @@ fn run_step(group: &ProcessGroup, step: &Step) -> Result<Reply, CollectiveError>
             .collect();
         (values.clone(), values, Compressor::new(compression))
     });
+    let out_count = match step.op {
+        _ if step.compression.is_some() => 0,
+        BenchOp::ReduceScatter | BenchOp::Scatter => block,
+        BenchOp::Gather if rank != 0 => 0,
+        BenchOp::AllGather | BenchOp::AllToAll | BenchOp::SendRecv | BenchOp::Gather => count,
+        BenchOp::AllReduce | BenchOp::Reduce | BenchOp::Broadcast => 0,
+    };
+    let poison = check::encode(dtype, (0..out_count).map(|_| POISON));
     let mut buffers = Buffers {
         work: pristine.clone(),
         pristine,
-        out: Vec::new(),
+        out: poison.clone(),
+        poison,
         compressed,
     };
     let total = step.warmup + step.iters.max(1);
@@ -188,8 +200,9 @@ fn run_step(group: &ProcessGroup, step: &Step) -> Result<Reply, CollectiveError>
         } else if in_place {
             buffers.work.copy_from_slice(&buffers.pristine);
         }
-        // Free the previous output here, not inside the next timed call.
-        drop(std::mem::take(&mut buffers.out));
+        if iteration + 1 == total {
+            buffers.out.copy_from_slice(&buffers.poison);
+        }
         group.barrier()?;
         let started = Instant::now();
         once(group, step, redop, &mut buffers)?;
@@ -236,40 +249,19 @@ fn once(
         BenchOp::Reduce => group.reduce_typed(0, &mut b.work, dtype, redop),
         BenchOp::Broadcast => group.broadcast_typed(0, &mut b.work, dtype),
         BenchOp::ReduceScatter => {
-            b.out = group.reduce_scatter_typed(&b.pristine, dtype, redop)?;
-            Ok(())
+            group.reduce_scatter_typed_into(&b.pristine, &mut b.out, dtype, redop)
         }
-        BenchOp::AllGather => {
-            b.out = group.all_gather_typed(&b.pristine, dtype)?;
-            Ok(())
-        }
-        BenchOp::AllToAll => {
-            b.out = group.all_to_all_typed(&b.pristine, dtype)?;
-            Ok(())
-        }
+        BenchOp::AllGather => group.all_gather_typed_into(&b.pristine, &mut b.out, dtype),
+        BenchOp::AllToAll => group.all_to_all_typed_into(&b.pristine, &mut b.out, dtype),
+        BenchOp::Gather => group.gather_typed_into(0, &b.pristine, &mut b.out, dtype),
+        BenchOp::Scatter => group.scatter_typed(0, &b.pristine, &mut b.out, dtype),
         BenchOp::SendRecv => {
             let world = group.world_size();
             let next = (group.rank() + 1) % world;
             let prev = (group.rank() + world - 1) % world;
-            if b.pristine.len() > SENDRECV_THREAD_BYTES {
-                let pristine = &b.pristine;
-                let (sent, received) = std::thread::scope(|s| {
-                    let sender = s.spawn(|| group.send_typed(next, SENDRECV_TAG, pristine, dtype));
-                    let received = group.recv_typed(prev, SENDRECV_TAG, dtype);
-                    let sent = sender.join().unwrap_or_else(|_| {
-                        Err(CollectiveError::invalid(
-                            "the sendrecv sender thread panicked",
-                        ))
-                    });
-                    (sent, received)
-                });
-                sent?;
-                b.out = received?;
-            } else {
-                group.send_typed(next, SENDRECV_TAG, &b.pristine, dtype)?;
-                b.out = group.recv_typed(prev, SENDRECV_TAG, dtype)?;
-            }
-            Ok(())
+            group
+                .send_recv_typed(next, &b.pristine, prev, &mut b.out, SENDRECV_TAG, dtype)
+                .map(|_| ())
         }
     }
 }
@@ -310,5 +302,12 @@ fn count_wrong(
             let prev = (rank + world - 1) % world;
             check::count_wrong(dtype, &b.out, count, |i| check::data_value(prev, i))
         }
+        BenchOp::Gather if rank == 0 => check::count_wrong(dtype, &b.out, count, |i| {
+            check::data_value((i / block) as u32, i % block)
+        }),
+        BenchOp::Gather => 0,
+        BenchOp::Scatter => check::count_wrong(dtype, &b.out, block, |i| {
+            check::data_value(0, u64::from(rank) * block + i)
+        }),
     }
 }

@@ -66,6 +66,15 @@ pub(crate) enum Event {
         /// How long the shrink took, in microseconds.
         micros: u64,
     },
+    /// A soak rank's running count of checked operations.
+    Soak {
+        /// The rank.
+        rank: u32,
+        /// Operations run and checked so far.
+        ops: u64,
+        /// Result bytes checked so far.
+        bytes: u64,
+    },
     /// The rank is in a grown world (it grew its group, or it joined as a replacement).
     Grown {
         /// The rank (the one it replaces, for a replacement).
@@ -88,7 +97,8 @@ impl Event {
             | Event::Failed { rank, .. }
             | Event::Done { rank, .. }
             | Event::Shrunk { rank, .. }
-            | Event::Grown { rank, .. } => *rank,
+            | Event::Grown { rank, .. }
+            | Event::Soak { rank, .. } => *rank,
         }
     }
 

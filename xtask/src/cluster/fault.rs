@@ -7,7 +7,8 @@
 //! lost peer travels in a ring: rank 3 loses rank 2 and tells rank 0, which was waiting on
 //! rank 3, not rank 2. A stall must be named directly: a rank that times out follows the chain
 //! of waits to the rank that does not answer, so a survivor naming another survivor blamed a
-//! rank that was only waiting itself.
+//! rank that was only waiting itself. A rank killed during the rendezvous leaves the others a
+//! bootstrap error, which is right when it names the victim.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -15,12 +16,17 @@ use std::str::FromStr;
 
 use super::events::ErrorRecord;
 
+/// The name of the rendezvous as a fault point.
+const BOOTSTRAP: &str = "bootstrap";
+
 /// What happens to the victim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FaultKind {
     /// The process is killed with SIGKILL (an in-process rank aborts its transport).
     Kill,
-    /// The rank freezes: it stops calling into the transport but its process stays alive.
+    /// The rank freezes: a rank of its own process stops with SIGSTOP (its transport's
+    /// threads too) until the launcher resumes it; an in-process rank stops calling into the
+    /// transport for good.
     Stall,
 }
 
@@ -39,7 +45,10 @@ impl FaultKind {
         match self {
             // A group-wide notice names the rank at fault, so it explains whatever that rank's
             // own failure explains.
-            FaultKind::Kill => matches!(kind, "peer_lost" | "peer_failed" | "group_failed"),
+            FaultKind::Kill => matches!(
+                kind,
+                "peer_lost" | "peer_failed" | "group_failed" | "bootstrap"
+            ),
             FaultKind::Stall => {
                 matches!(
                     kind,
@@ -63,6 +72,12 @@ pub(crate) enum Point {
         /// Which occurrence.
         nth: u64,
     },
+    /// This many milliseconds after the launcher started the ranks, during the rendezvous
+    /// (`bootstrap:MS`); the launcher carries it out, so only a kill can be placed there.
+    Bootstrap {
+        /// The delay from the start.
+        after_ms: u64,
+    },
 }
 
 /// `RANK@POINT`: the victim and the point, as given on the command line.
@@ -80,7 +95,8 @@ impl FromStr for Target {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let usage = || {
             format!(
-                "{s:?} is not RANK@POINT (POINT: a case index, OP or OP:NTH, e.g. 2@17 or 2@all_reduce:3)"
+                "{s:?} is not RANK@POINT (POINT: a case index, OP, OP:NTH or bootstrap:MS, e.g. 2@17, \
+                 2@all_reduce:3 or 0@bootstrap:20)"
             )
         };
         let (rank, point) = s.split_once('@').ok_or_else(usage)?;
@@ -96,9 +112,13 @@ impl FromStr for Target {
             if op.is_empty() || !op.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
                 return Err(usage());
             }
-            Point::Op {
-                op: op.to_owned(),
-                nth,
+            if op == BOOTSTRAP {
+                Point::Bootstrap { after_ms: nth }
+            } else {
+                Point::Op {
+                    op: op.to_owned(),
+                    nth,
+                }
             }
         };
         Ok(Target { rank, point })
@@ -110,6 +130,7 @@ impl fmt::Display for Target {
         match &self.point {
             Point::Index(index) => write!(f, "{}@{index}", self.rank),
             Point::Op { op, nth } => write!(f, "{}@{op}:{nth}", self.rank),
+            Point::Bootstrap { after_ms } => write!(f, "{}@{BOOTSTRAP}:{after_ms}", self.rank),
         }
     }
 }
@@ -162,6 +183,7 @@ impl Trigger {
         match point {
             Point::Index(at) => *at == index,
             Point::Op { op: at, nth } => at == op && *nth == this,
+            Point::Bootstrap { .. } => false,
         }
     }
 }
@@ -259,6 +281,10 @@ mod tests {
                 op: "broadcast".to_owned(),
                 nth: 0
             }
+        );
+        assert_eq!(
+            "0@bootstrap:20".parse::<Target>().unwrap().point,
+            Point::Bootstrap { after_ms: 20 }
         );
         for bad in ["2", "x@1", "2@", "2@all reduce", "2@op:x"] {
             assert!(bad.parse::<Target>().is_err(), "{bad}");

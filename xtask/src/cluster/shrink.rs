@@ -10,22 +10,9 @@ use std::time::{Duration, Instant};
 use super::events::ErrorRecord;
 use super::fault::{self, Fault};
 use super::table::MergedCase;
+use super::view::{End, RankView};
 use super::worker::{GROWN_CASE_BASE, SHRUNK_CASE_BASE};
-use super::{End, RankView};
 use std::collections::BTreeMap;
-
-/// A survivor's report of its shrink.
-#[derive(Debug, Clone)]
-pub(super) struct Shrunk {
-    /// The error that made it shrink.
-    pub(super) error: ErrorRecord,
-    /// World ranks of its new group.
-    pub(super) members: Vec<u32>,
-    /// How long the shrink itself took, in microseconds.
-    pub(super) micros: u64,
-    /// When the launcher heard of it.
-    pub(super) at: Instant,
-}
 
 /// Whether `case` ran after the shrink (on the shrunk world or a grown one).
 pub(super) fn after_shrink(case: &MergedCase) -> bool {

@@ -20,6 +20,7 @@ use rlx_collective::{CollectiveOp, DType, ProcessGroup, ReduceKind};
 
 use super::events::{CaseRecord, ErrorRecord, Event};
 use super::fault::{Fault, FaultKind, Point, Trigger};
+use super::soak_rank;
 use crate::world::{self, TransportKind};
 
 /// The element counts of `--quick`: empty, one, a prime, and a thousand.
@@ -65,6 +66,10 @@ pub(crate) struct RankArgs {
     /// run the case list on the grown world.
     #[arg(long)]
     pub(crate) join: bool,
+    /// Run the soak (a random mix of checked collectives) for this many seconds instead of
+    /// the case list.
+    #[arg(long)]
+    pub(crate) soak_secs: Option<u64>,
 }
 
 /// Case indices on a grown world start here (see [`SHRUNK_CASE_BASE`]).
@@ -138,6 +143,19 @@ fn plan(iters: u32, quick: bool) -> Vec<Group> {
     groups
 }
 
+/// How many groups of each collective one iteration of the plan holds, in plan order: the
+/// points `OP:NTH` at which a fault can be placed.
+pub(super) fn groups_per_op(quick: bool) -> Vec<(&'static str, u64)> {
+    let mut counts: Vec<(&'static str, u64)> = Vec::new();
+    for group in plan(1, quick) {
+        match counts.iter_mut().find(|(op, _)| *op == group.op.name()) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((group.op.name(), 1)),
+        }
+    }
+    counts
+}
+
 /// Writes events to stdout, one whole line at a time even from several rank threads.
 #[derive(Debug, Default)]
 struct Reporter {
@@ -162,7 +180,13 @@ pub(crate) fn run(args: &RankArgs) -> Result<(), String> {
         let group = rlx_collective::join().map_err(|e| format!("could not join the job: {e}"))?;
         vec![group]
     } else {
-        world::join(args.transport, args.ranks)?
+        match world::join(args.transport, args.ranks) {
+            Ok(groups) => groups,
+            Err(message) => {
+                report_failed_join(&message);
+                return Err(message);
+            }
+        }
     };
     // A replacement reports under the rank it replaces (the launcher's RLX_RANK), not under
     // its rank in the grown world.
@@ -170,8 +194,12 @@ pub(crate) fn run(args: &RankArgs) -> Result<(), String> {
         .ok()
         .and_then(|r| r.parse::<u32>().ok());
     let joined_micros = joining.elapsed().as_micros() as u64;
-    let plan = Arc::new(plan(args.iters, args.quick));
     let reporter = Arc::new(Reporter::default());
+    if let Some(secs) = args.soak_secs {
+        soak(groups, Duration::from_secs(secs), args.seed, &reporter);
+        return Ok(());
+    }
+    let plan = Arc::new(plan(args.iters, args.quick));
     // Every rank's group stays here until the process exits, so that a rank that is done
     // never closes its links while the others still run.
     let keep: Arc<Mutex<Vec<ProcessGroup>>> = Arc::default();
@@ -208,12 +236,70 @@ pub(crate) fn run(args: &RankArgs) -> Result<(), String> {
             body();
         }
     }
-    // End of stdin is the launcher's signal to exit. Rank threads are not joined: a stalled
-    // one never returns, by design.
-    let mut sink = Vec::new();
-    let _ = std::io::stdin().lock().read_to_end(&mut sink);
+    wait_for_the_launcher();
     drop(threads);
     Ok(())
+}
+
+/// Waits until the launcher closes stdin, its signal to exit. Rank threads are not joined: a
+/// stalled one never returns, by design.
+fn wait_for_the_launcher() {
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().lock().read_to_end(&mut sink);
+}
+
+/// Runs the soak on every group (one thread each), reports how each ended, and waits for
+/// the launcher; every group stays open until then, as after the case list.
+fn soak(groups: Vec<ProcessGroup>, duration: Duration, seed: u64, reporter: &Arc<Reporter>) {
+    let threads: Vec<_> = groups
+        .into_iter()
+        .map(|group| {
+            let reporter = Arc::clone(reporter);
+            std::thread::spawn(move || {
+                let rank = group.rank();
+                let emit = |event: &Event| reporter.emit(event);
+                match soak_rank::run(&group, duration, seed, &emit) {
+                    Ok(checked) => emit(&Event::Done {
+                        rank,
+                        passed: checked,
+                        failed: 0,
+                    }),
+                    Err(error) => {
+                        emit(&Event::Failed { rank, error });
+                        group.transport().abort();
+                    }
+                }
+                group
+            })
+        })
+        .collect();
+    let _keep: Vec<ProcessGroup> = threads.into_iter().filter_map(|t| t.join().ok()).collect();
+    wait_for_the_launcher();
+}
+
+/// Reports a rendezvous that failed under this process's rank (`RLX_RANK`), so that the
+/// launcher judges the error rather than seeing a rank that ended without a word. The peer at
+/// fault is the rank the message names, if it names one ("rank N").
+fn report_failed_join(message: &str) {
+    let Some(rank) = std::env::var("RLX_RANK")
+        .ok()
+        .and_then(|r| r.trim().parse::<u32>().ok())
+    else {
+        return;
+    };
+    let peer = message.split("rank ").skip(1).find_map(|rest| {
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    });
+    Reporter::default().emit(&Event::Failed {
+        rank,
+        error: ErrorRecord {
+            kind: "bootstrap".to_owned(),
+            peer,
+            message: message.to_owned(),
+            during: Some("bootstrap".to_owned()),
+        },
+    });
 }
 
 /// What one rank needs to run its cases.
@@ -268,9 +354,18 @@ impl Injector {
                 self.dead.store(true, Ordering::SeqCst);
                 self.group.transport().abort();
             }
-            // A separate process waits here for the launcher's SIGKILL (kill) or forever,
-            // holding its sockets open without ever answering (stall); a stalled in-process
-            // rank freezes the same way.
+            FaultKind::Stall if !self.in_process => {
+                // The whole process stops, its transport's threads too, as under a debugger
+                // or on a laptop gone to sleep. The launcher resumes it (SIGCONT) once every
+                // survivor has reported; it then goes on into the operation it stopped
+                // before, which must fail cleanly: no hang, no success.
+                // SAFETY: `raise` has no memory-safety preconditions.
+                unsafe {
+                    libc::raise(libc::SIGSTOP);
+                }
+            }
+            // A separate process waits here for the launcher's SIGKILL; a stalled in-process
+            // rank freezes forever, holding its links open without ever answering.
             FaultKind::Kill | FaultKind::Stall => loop {
                 std::thread::sleep(Duration::from_secs(3600));
             },

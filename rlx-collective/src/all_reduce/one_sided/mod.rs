@@ -61,8 +61,12 @@
 //! leaf that the selector and the operation context use too.
 //!
 //! Every put targets a rank that still needs it (data the next rank has yet to consume,
-//! credits the previous rank waits for), so a rank that finished and dropped its transport
-//! never makes a put of a slower rank fail.
+//! credits the previous rank waits for, and the grant, which every rank waits for before it
+//! returns), so a rank that finished and dropped its transport
+//! never makes a put of a slower rank fail. Nor does it make a wait fail: a rank waiting on a
+//! neighbour that has left gives up only once the heap service has applied everything that
+//! neighbour sent ([`SymmetricOps::source_finished`]) and the signal is still missing, because
+//! the neighbour's last put may still be queued here when it drops its transport.
 
 pub(crate) mod region;
 
@@ -253,6 +257,11 @@ pub(crate) fn run(
             index += 1;
         }
     }
+    // The next rank's grant for this operation is the one put this rank does not otherwise
+    // wait for (its first sends wait for the previous operation's grant). It normally landed
+    // long ago; waiting for it means that no put of a slower neighbour targets this rank after
+    // it has returned and perhaps dropped its transport.
+    link.wait_word(link.scratch.credit_word(), link.base, link.next)?;
     // Surfaces any refused put before the operation reports success.
     ops.quiet()
 }
@@ -425,7 +434,23 @@ impl Link<'_> {
                 Err(CollectiveError::Timeout { .. }) => {}
                 Err(other) => return Err(other),
             }
-            self.check_peers(peer)?;
+            match self.check_peers(peer) {
+                Err(CollectiveError::PeerLost { peer: lost, .. })
+                    if lost == peer && !self.ops.source_finished(peer) =>
+                {
+                    // The awaited rank has left, but what it put before leaving may still be
+                    // on its way through this rank's heap service: a rank that finished its
+                    // part may drop its transport while its last put is being applied here.
+                }
+                Err(lost @ CollectiveError::PeerLost { .. }) => {
+                    // Everything the awaited rank sent has been applied: the word is final.
+                    return match self.ops.wait_until(offset, Cmp::Ge, value, Duration::ZERO) {
+                        Ok(_) => Ok(()),
+                        Err(_) => Err(lost),
+                    };
+                }
+                other => other?,
+            }
             self.ctx.answer_probes(peer)?;
             if start.elapsed() >= timeout {
                 return Err(self.ctx.timed_out(peer, timeout));

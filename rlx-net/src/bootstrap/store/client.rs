@@ -1,4 +1,5 @@
-//! The store's client: a rank other than 0 registers and waits for the table.
+//! The store's client: a rank other than 0 registers, proves the job secret when there is one
+//! (and checks the store's proof), and waits for the table.
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
@@ -6,9 +7,13 @@ use std::time::{Duration, Instant};
 
 use rlx_transport::CollectiveError;
 
+use crate::auth::{MAC_LEN, NONCE_LEN, random_bytes};
 use crate::handshake::{self, RefusalCode};
 
-use super::wire::{Registration, STORE_MAGIC, encode_registration, read_addrs, read_u32, read_u64};
+use super::wire::{
+    Registration, STATUS_CHALLENGE, STATUS_TABLE, STORE_MAGIC, encode_registration, rank_mac,
+    read_addrs, read_u32, read_u64, verify_store_mac,
+};
 use crate::bootstrap::config::BootConfig;
 use crate::bootstrap::connect::{backoff, connect_retrying, io_text};
 
@@ -52,23 +57,80 @@ fn register_once(
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(1)),
         ))
-        .map_err(io0)?;
-    let mut s = &stream;
-    s.write_all(&encode_registration(cfg, me)).map_err(io0)?;
-    let mut magic = [0u8; 8];
-    s.read_exact(&mut magic).map_err(io0)?;
-    if magic != STORE_MAGIC {
-        return Err(CollectiveError::protocol(
-            Some(0),
-            format!("{addr} is not an RLX rendezvous store (wrong magic)"),
-        ));
+        .map_err(&io0)?;
+    let nonce = random_bytes::<NONCE_LEN>()?;
+    exchange(&mut &stream, cfg, me, &nonce, addr, io0)
+}
+
+/// The registration of `cfg`'s rank with the store at `addr` over `s`, with this rank's
+/// `nonce`: proves the job secret when there is one and checks the store's proof, then reads
+/// the table (`None` when the store had no room). `io0` names the store in I/O errors. Runs
+/// on any stream, so that it can be driven without a socket.
+pub(crate) fn exchange<S: Read + Write>(
+    s: &mut S,
+    cfg: &BootConfig,
+    me: &Registration,
+    nonce: &[u8; NONCE_LEN],
+    addr: SocketAddr,
+    io0: impl Fn(io::Error) -> CollectiveError,
+) -> Result<Option<Vec<Registration>>, CollectiveError> {
+    let registration = encode_registration(cfg, me, nonce);
+    s.write_all(&registration).map_err(&io0)?;
+    let read_status = |s: &mut S| -> Result<u32, CollectiveError> {
+        let mut magic = [0u8; 8];
+        s.read_exact(&mut magic).map_err(&io0)?;
+        if magic != STORE_MAGIC {
+            return Err(CollectiveError::protocol(
+                Some(0),
+                format!("{addr} is not an RLX rendezvous store (wrong magic)"),
+            ));
+        }
+        read_u32(s).map_err(&io0)
+    };
+    let mut status = read_status(s)?;
+    match (&cfg.secret, status) {
+        (Some(secret), STATUS_CHALLENGE) => {
+            let mut their_nonce = [0u8; NONCE_LEN];
+            s.read_exact(&mut their_nonce).map_err(&io0)?;
+            let mut their_mac = [0u8; MAC_LEN];
+            s.read_exact(&mut their_mac).map_err(&io0)?;
+            let proven = verify_store_mac(secret, &registration, &their_nonce, &their_mac);
+            // Answer even when the store's proof failed, so that the store can report the
+            // mismatch too.
+            s.write_all(&rank_mac(secret, &registration, &their_nonce))
+                .map_err(&io0)?;
+            if !proven {
+                return Err(CollectiveError::config(format!(
+                    "the rendezvous store at {addr} failed to prove it holds RLX_JOB_SECRET \
+                     (the secrets differ); rank {} did not register with it",
+                    cfg.rank
+                )));
+            }
+            status = read_status(s)?;
+        }
+        (None, STATUS_CHALLENGE) => {
+            return Err(CollectiveError::config(format!(
+                "the rendezvous store at {addr} asks rank {} to prove RLX_JOB_SECRET, which \
+                 is not set on this rank",
+                cfg.rank
+            )));
+        }
+        (Some(_), STATUS_TABLE) => {
+            return Err(CollectiveError::protocol(
+                Some(0),
+                format!(
+                    "the rendezvous store at {addr} sent its table without proving it holds \
+                     RLX_JOB_SECRET"
+                ),
+            ));
+        }
+        _ => {}
     }
-    let status = read_u32(&mut s).map_err(io0)?;
-    let count = read_u32(&mut s).map_err(io0)?;
-    if status != 0 {
+    let count = read_u32(s).map_err(&io0)?;
+    if status != STATUS_TABLE {
         let len = (count as usize).min(handshake::MAX_REASON);
         let mut reason = vec![0u8; len];
-        s.read_exact(&mut reason).map_err(io0)?;
+        s.read_exact(&mut reason).map_err(&io0)?;
         let reason = String::from_utf8_lossy(&reason);
         if status == RefusalCode::Busy as u32 {
             tracing::info!(%addr, %reason, "the rendezvous store had no room; retrying");
@@ -90,8 +152,8 @@ fn register_once(
     }
     let mut table = Vec::with_capacity(count as usize);
     for _ in 0..count {
-        let instance = read_u64(&mut s).map_err(io0)?;
-        let addrs = read_addrs(&mut s).map_err(io0)?;
+        let instance = read_u64(s).map_err(&io0)?;
+        let addrs = read_addrs(s).map_err(&io0)?;
         table.push(Registration { instance, addrs });
     }
     Ok(Some(table))

@@ -1,7 +1,7 @@
-//! The store's server: rank 0 hosts it until every rank registered, then answers everyone
-//! with the table.
+//! The store's server: rank 0 hosts it until every rank registered (and, when the job has a
+//! secret, proved that it holds it), then answers everyone with the table.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::Mutex;
@@ -9,9 +9,12 @@ use std::time::Instant;
 
 use rlx_transport::CollectiveError;
 
+use crate::auth::{MAC_LEN, NONCE_LEN, random_bytes};
 use crate::handshake::{Refusal, RefusalCode};
 
-use super::wire::{Registration, read_registration, store_reply};
+use super::wire::{
+    Registration, encode_challenge, read_registration, store_mac, store_reply, verify_rank_mac,
+};
 use crate::bootstrap::accept::{log_refusal, missing_ranks_timeout};
 use crate::bootstrap::address::public_address;
 use crate::bootstrap::config::BootConfig;
@@ -83,43 +86,36 @@ pub(in crate::bootstrap) fn serve_store(
                     let _ = stream.set_nonblocking(false);
                     let _ = stream.set_write_timeout(Some(cfg.hello_timeout));
                     let until = deadline.min(Instant::now() + cfg.hello_timeout);
-                    let mut s = &stream;
-                    match read_registration(cfg, &mut Deadline::new(&stream, until, "registration"))
-                    {
-                        Ok((rank, reg)) => {
-                            // A connection evicted while its registration was read was told
-                            // so, and registers again.
-                            if !slot.identified() {
-                                return;
-                            }
-                            // The slot goes before the connection joins the entries, so that
-                            // closing the connections still in the handshake spares it.
-                            drop(slot);
-                            let Ok(mut e) = entries.lock() else { return };
-                            if e[rank as usize].is_some() {
-                                let refusal = Refusal::new(
-                                    RefusalCode::Duplicate,
-                                    format!(
-                                        "duplicate rank {rank}: another process registered it first"
-                                    ),
-                                );
-                                drop(e);
-                                let _ = s.write_all(&store_reply(Err(&refusal)));
-                                let _ = stream.shutdown(std::net::Shutdown::Both);
-                                log_refusal(0, Some(from), &refusal);
-                                return;
-                            }
-                            let _ = stream.set_read_timeout(None);
-                            let observed = stream.peer_addr().ok().map(|a| a.ip());
-                            let via = stream.local_addr().ok().map(|a| a.ip());
-                            e[rank as usize] = Some((stream, reg, observed, via));
-                        }
-                        Err(refusal) => {
-                            let _ = s.write_all(&store_reply(Err(&refusal)));
-                            let _ = stream.shutdown(std::net::Shutdown::Both);
-                            log_refusal(0, Some(from), &refusal);
-                        }
+                    let refuse = |refusal: Refusal| {
+                        let mut s = &stream;
+                        let _ = s.write_all(&store_reply(Err(&refusal)));
+                        let _ = stream.shutdown(std::net::Shutdown::Both);
+                        log_refusal(0, Some(from), &refusal);
+                    };
+                    let (rank, reg) = match admit_registration(cfg, &stream, until) {
+                        Ok(admitted) => admitted,
+                        Err(refusal) => return refuse(refusal),
+                    };
+                    // A connection evicted while its registration was read was told so, and
+                    // registers again.
+                    if !slot.identified() {
+                        return;
                     }
+                    // The slot goes before the connection joins the entries, so that closing
+                    // the connections still in the handshake spares it.
+                    drop(slot);
+                    let Ok(mut e) = entries.lock() else { return };
+                    if e[rank as usize].is_some() {
+                        drop(e);
+                        return refuse(Refusal::new(
+                            RefusalCode::Duplicate,
+                            format!("duplicate rank {rank}: another process registered it first"),
+                        ));
+                    }
+                    let _ = stream.set_read_timeout(None);
+                    let observed = stream.peer_addr().ok().map(|a| a.ip());
+                    let via = stream.local_addr().ok().map(|a| a.ip());
+                    e[rank as usize] = Some((stream, reg, observed, via));
                 });
             }
         };
@@ -167,4 +163,50 @@ pub(in crate::bootstrap) fn serve_store(
         let _ = s.write_all(&reply);
     }
     Ok(table)
+}
+
+/// Reads the registration on `stream` (which must be complete by `until`) and, when the job
+/// has a secret, runs the challenge-response that proves both sides hold it; returns the
+/// rank and what it published, or why the connection is refused.
+fn admit_registration(
+    cfg: &BootConfig,
+    stream: &TcpStream,
+    until: Instant,
+) -> Result<(u32, Registration), Refusal> {
+    let mut from = Deadline::new(stream, until, "registration");
+    let received = read_registration(cfg, &mut from)?;
+    let Some(secret) = &cfg.secret else {
+        return Ok((received.rank, received.reg));
+    };
+    let other = |e: std::io::Error| {
+        Refusal::new(
+            RefusalCode::Secret,
+            format!(
+                "rank {} did not complete its proof of RLX_JOB_SECRET: {e}",
+                received.rank
+            ),
+        )
+    };
+    // Without randomness the connection is refused rather than challenged with a guessable
+    // nonce.
+    let nonce =
+        random_bytes::<NONCE_LEN>().map_err(|e| Refusal::new(RefusalCode::Other, e.to_string()))?;
+    let challenge = encode_challenge(&nonce, &store_mac(secret, &received.bytes, &nonce));
+    let mut s = stream;
+    s.write_all(&challenge).map_err(other)?;
+    let mut proof = [0u8; MAC_LEN];
+    Deadline::new(stream, until, "proof of the job secret")
+        .read_exact(&mut proof)
+        .map_err(other)?;
+    if !verify_rank_mac(secret, &received.bytes, &nonce, &proof) {
+        return Err(Refusal::new(
+            RefusalCode::Secret,
+            format!(
+                "rank {} failed to prove it holds RLX_JOB_SECRET (the secrets differ); it may \
+                 neither register nor read the table",
+                received.rank
+            ),
+        ));
+    }
+    Ok((received.rank, received.reg))
 }

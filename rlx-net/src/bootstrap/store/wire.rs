@@ -1,9 +1,19 @@
-//! The store's wire codec: a rank's registration (magic, version, job, world, rank, process
-//! instance, addresses) and the store's reply (the table, or a refusal).
+//! The store's wire codec: a rank's registration (magic, version, flags, job, world, rank,
+//! process instance, nonce, addresses), the store's challenge when the job has a secret, and
+//! its reply (the table, or a refusal).
+//!
+//! With `RLX_JOB_SECRET`, both sides prove they hold it before the store accepts a
+//! registration (see [`crate::auth`]): the store answers the registration with a challenge
+//! (its nonce and its MAC over the registration, which carries the rank's nonce), the rank
+//! checks that MAC and answers with its own over the registration and the store's nonce. Only
+//! then does the store record the rank, so that nobody without the secret can publish an
+//! address for a rank or read the table. Without a secret the flags say so, the nonce goes
+//! unused, and the store answers the registration with the table, as before.
 
 use std::io::{self, Read};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use crate::auth::{self, MAC_LEN, NONCE_LEN};
 use crate::handshake::{PROTOCOL_VERSION, Refusal, RefusalCode};
 
 use crate::bootstrap::config::BootConfig;
@@ -11,6 +21,17 @@ use crate::bootstrap::config::BootConfig;
 /// Most addresses one rank may publish in the store.
 const MAX_ADDRS: usize = 16;
 pub(super) const STORE_MAGIC: [u8; 8] = *b"RLXSTOR\n";
+/// The registration's flag that says the rank holds a job secret.
+const FLAG_SECRET: u32 = 1;
+/// The status of a store reply that carries the table.
+pub(super) const STATUS_TABLE: u32 = 0;
+/// The status of a store reply that challenges a registration to prove the job secret; above
+/// every refusal code, so that no refusal is mistaken for it.
+pub(super) const STATUS_CHALLENGE: u32 = 0x100;
+/// The label of the store's MAC.
+const STORE_LABEL: &[u8] = b"rlx-store";
+/// The label of a registering rank's MAC.
+const RANK_LABEL: &[u8] = b"rlx-store-rank";
 
 /// What a rank publishes in the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,20 +87,91 @@ fn get_addr(r: &mut impl Read) -> io::Result<SocketAddr> {
     })
 }
 
-/// The registration message: magic, version, job, world, rank, instance, addresses.
-pub(crate) fn encode_registration(cfg: &BootConfig, reg: &Registration) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
+/// The registration message of `cfg`'s rank: magic, version, flags, job, world, rank,
+/// instance, `nonce` and addresses.
+pub(crate) fn encode_registration(
+    cfg: &BootConfig,
+    reg: &Registration,
+    nonce: &[u8; NONCE_LEN],
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(80);
     out.extend_from_slice(&STORE_MAGIC);
     out.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    let flags = if cfg.secret.is_some() { FLAG_SECRET } else { 0 };
+    out.extend_from_slice(&flags.to_le_bytes());
     out.extend_from_slice(&cfg.job);
     out.extend_from_slice(&cfg.world.to_le_bytes());
     out.extend_from_slice(&cfg.rank.to_le_bytes());
     out.extend_from_slice(&reg.instance.to_le_bytes());
+    out.extend_from_slice(nonce);
     out.push(reg.addrs.len().min(MAX_ADDRS) as u8);
     for a in reg.addrs.iter().take(MAX_ADDRS) {
         put_addr(&mut out, a);
     }
     out
+}
+
+/// The store's MAC over a registration as it was sent (`registration`) and the store's nonce.
+pub(super) fn store_mac(
+    secret: &[u8],
+    registration: &[u8],
+    nonce: &[u8; NONCE_LEN],
+) -> [u8; MAC_LEN] {
+    auth::mac(secret, &[STORE_LABEL, registration, nonce])
+}
+
+/// Whether `tag` is the store's MAC over `registration` and `nonce`.
+pub(super) fn verify_store_mac(
+    secret: &[u8],
+    registration: &[u8],
+    nonce: &[u8; NONCE_LEN],
+    tag: &[u8; MAC_LEN],
+) -> bool {
+    auth::verify(secret, &[STORE_LABEL, registration, nonce], tag)
+}
+
+/// A registering rank's MAC over its registration and the store's nonce.
+pub(super) fn rank_mac(
+    secret: &[u8],
+    registration: &[u8],
+    nonce: &[u8; NONCE_LEN],
+) -> [u8; MAC_LEN] {
+    auth::mac(secret, &[RANK_LABEL, registration, nonce])
+}
+
+/// Whether `tag` is a registering rank's MAC over `registration` and `nonce`.
+pub(super) fn verify_rank_mac(
+    secret: &[u8],
+    registration: &[u8],
+    nonce: &[u8; NONCE_LEN],
+    tag: &[u8; MAC_LEN],
+) -> bool {
+    auth::verify(secret, &[RANK_LABEL, registration, nonce], tag)
+}
+
+/// The store's challenge to a registration: its nonce and its MAC.
+pub(super) fn encode_challenge(nonce: &[u8; NONCE_LEN], mac: &[u8; MAC_LEN]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(12 + NONCE_LEN + MAC_LEN);
+    out.extend_from_slice(&STORE_MAGIC);
+    out.extend_from_slice(&STATUS_CHALLENGE.to_le_bytes());
+    out.extend_from_slice(nonce);
+    out.extend_from_slice(mac);
+    out
+}
+
+/// A reader that keeps a copy of every byte it hands out, so that a MAC is checked over a
+/// registration exactly as it came (its length is bounded by the message's own caps).
+struct Recording<'a, R> {
+    inner: &'a mut R,
+    bytes: Vec<u8>,
+}
+
+impl<R: Read> Read for Recording<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
 }
 
 pub(super) fn read_u32(r: &mut impl Read) -> io::Result<u32> {
@@ -106,12 +198,22 @@ pub(super) fn read_addrs(r: &mut impl Read) -> io::Result<Vec<SocketAddr>> {
     (0..n[0]).map(|_| get_addr(r)).collect()
 }
 
-/// Reads and checks a registration; returns the rank and what it published.
-pub(super) fn read_registration(
-    cfg: &BootConfig,
-    r: &mut impl Read,
-) -> Result<(u32, Registration), Refusal> {
+/// A registration as the store received and checked it.
+#[derive(Debug)]
+pub(crate) struct Received {
+    pub(crate) rank: u32,
+    pub(crate) reg: Registration,
+    /// The registration's bytes, which the MACs of the job secret cover.
+    pub(crate) bytes: Vec<u8>,
+}
+
+/// Reads and checks a registration against the store's `cfg`.
+pub(crate) fn read_registration(cfg: &BootConfig, r: &mut impl Read) -> Result<Received, Refusal> {
     let other = |e: io::Error| Refusal::new(RefusalCode::Other, format!("bad registration: {e}"));
+    let r = &mut Recording {
+        inner: r,
+        bytes: Vec::with_capacity(80),
+    };
     let mut magic = [0u8; 8];
     r.read_exact(&mut magic).map_err(other)?;
     if magic != STORE_MAGIC {
@@ -124,13 +226,32 @@ pub(super) fn read_registration(
     if version != PROTOCOL_VERSION {
         return Err(Refusal::new(
             RefusalCode::Version,
-            format!("protocol version {version}"),
+            format!("protocol version {version} is not {PROTOCOL_VERSION}"),
         ));
     }
+    let flags = read_u32(r).map_err(other)?;
     let mut job = [0u8; 16];
     r.read_exact(&mut job).map_err(other)?;
     if job != cfg.job {
-        return Err(Refusal::new(RefusalCode::WrongJob, "the job id differs"));
+        return Err(Refusal::new(
+            RefusalCode::WrongJob,
+            "the job id differs (another job, or RLX_JOB_ID differs)",
+        ));
+    }
+    match (flags & FLAG_SECRET != 0, cfg.secret.is_some()) {
+        (true, false) => {
+            return Err(Refusal::new(
+                RefusalCode::Secret,
+                "RLX_JOB_SECRET is set on this rank but not on the store's (rank 0)",
+            ));
+        }
+        (false, true) => {
+            return Err(Refusal::new(
+                RefusalCode::Secret,
+                "RLX_JOB_SECRET is set on the store's rank (rank 0) but not on this rank",
+            ));
+        }
+        _ => {}
     }
     let world = read_u32(r).map_err(other)?;
     if world != cfg.world {
@@ -143,20 +264,29 @@ pub(super) fn read_registration(
     if rank == 0 || rank >= world {
         return Err(Refusal::new(
             RefusalCode::BadRank,
-            format!("rank {rank} cannot register"),
+            format!(
+                "rank {rank} cannot register (the store takes ranks 1 to {})",
+                world.saturating_sub(1)
+            ),
         ));
     }
     let instance = read_u64(r).map_err(other)?;
+    let mut nonce = [0u8; NONCE_LEN];
+    r.read_exact(&mut nonce).map_err(other)?;
     let addrs = read_addrs(r).map_err(other)?;
-    Ok((rank, Registration { instance, addrs }))
+    Ok(Received {
+        rank,
+        reg: Registration { instance, addrs },
+        bytes: std::mem::take(&mut r.bytes),
+    })
 }
 
-pub(super) fn store_reply(status: Result<&[Registration], &Refusal>) -> Vec<u8> {
+pub(crate) fn store_reply(status: Result<&[Registration], &Refusal>) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(&STORE_MAGIC);
     match status {
         Ok(table) => {
-            out.extend_from_slice(&0u32.to_le_bytes());
+            out.extend_from_slice(&STATUS_TABLE.to_le_bytes());
             out.extend_from_slice(&(table.len() as u32).to_le_bytes());
             for reg in table {
                 out.extend_from_slice(&reg.instance.to_le_bytes());
@@ -211,9 +341,13 @@ mod tests {
             instance: 42,
             addrs: vec![sa("10.0.0.1:7"), sa("[fe80::1%3]:8")],
         };
-        let bytes = encode_registration(&cfg, &reg);
-        let (rank, back) = read_registration(&cfg, &mut &bytes[..]).unwrap();
-        assert_eq!((rank, back), (2, reg));
+        let bytes = encode_registration(&cfg, &reg, &[3; NONCE_LEN]);
+        let received = read_registration(&cfg, &mut &bytes[..]).unwrap();
+        assert_eq!((received.rank, received.reg), (2, reg.clone()));
+        assert_eq!(
+            received.bytes, bytes,
+            "the MACs cover the registration as it came"
+        );
         let other_job = BootConfig {
             job: handshake::job_digest("k"),
             ..cfg.clone()
@@ -225,5 +359,65 @@ mod tests {
         let mut truncated = bytes.clone();
         truncated.truncate(bytes.len() - 3);
         assert!(read_registration(&cfg, &mut &truncated[..]).is_err());
+        let mut old_version = bytes.clone();
+        old_version[8..12].copy_from_slice(&(PROTOCOL_VERSION - 1).to_le_bytes());
+        let refusal = read_registration(&cfg, &mut &old_version[..]).unwrap_err();
+        assert_eq!(refusal.code, RefusalCode::Version);
+        let out_of_range = encode_registration(
+            &BootConfig {
+                rank: 3,
+                ..cfg.clone()
+            },
+            &reg,
+            &[0; 16],
+        );
+        let refusal = read_registration(&cfg, &mut &out_of_range[..]).unwrap_err();
+        assert_eq!(refusal.code, RefusalCode::BadRank);
+        // A secret on one side only is refused with a reason naming the side that lacks it.
+        let with_secret = BootConfig {
+            secret: Some(b"s".to_vec()),
+            ..cfg.clone()
+        };
+        let refusal = read_registration(
+            &cfg,
+            &mut &encode_registration(&with_secret, &reg, &[0; 16])[..],
+        )
+        .unwrap_err();
+        assert_eq!(refusal.code, RefusalCode::Secret);
+        assert!(
+            refusal.reason.contains("not on the store"),
+            "{}",
+            refusal.reason
+        );
+        let refusal = read_registration(&with_secret, &mut &bytes[..]).unwrap_err();
+        assert!(
+            refusal.reason.contains("not on this rank"),
+            "{}",
+            refusal.reason
+        );
+    }
+
+    #[test]
+    fn store_and_rank_proofs_bind_the_secret_the_registration_and_the_nonce() {
+        let (reg, nonce) = (b"a registration".as_slice(), [4; NONCE_LEN]);
+        let store = store_mac(b"secret", reg, &nonce);
+        assert!(verify_store_mac(b"secret", reg, &nonce, &store));
+        assert!(!verify_store_mac(b"wrong", reg, &nonce, &store));
+        assert!(!verify_store_mac(
+            b"secret",
+            b"another registration",
+            &nonce,
+            &store
+        ));
+        assert!(!verify_store_mac(b"secret", reg, &[5; NONCE_LEN], &store));
+        // A proof reflected back to the side that made it is never valid.
+        assert!(!verify_rank_mac(b"secret", reg, &nonce, &store));
+        let rank = rank_mac(b"secret", reg, &nonce);
+        assert!(verify_rank_mac(b"secret", reg, &nonce, &rank));
+        assert!(!verify_store_mac(b"secret", reg, &nonce, &rank));
+        let challenge = encode_challenge(&nonce, &store);
+        assert_eq!(&challenge[..8], &STORE_MAGIC);
+        assert_eq!(&challenge[8..12], &STATUS_CHALLENGE.to_le_bytes());
+        assert_eq!(challenge.len(), 12 + NONCE_LEN + MAC_LEN);
     }
 }

@@ -1,0 +1,191 @@
+//! The exchange path: a send and a receive issued together (a ring step, a pairwise swap, a
+//! pipeline hand-off that also takes the previous stage's output), run by one thread that
+//! writes the outgoing message and reads the incoming one into the caller's buffer in turn.
+//!
+//! Without it a collective step is a send followed by a receive: while the send's write
+//! blocks, the frame coming the other way has no posted buffer and lands in an owned copy
+//! within the unexpected budget, to be copied again when the receive is posted, and a message
+//! longer than the socket buffers stops each direction while the other drains. Posting the
+//! receive first and holding the reader role of its links for the whole send lets every
+//! incoming byte go straight to its destination while the outgoing bytes stream.
+
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use rlx_transport::{CollectiveError, Tag};
+
+use crate::frame::FrameKind;
+use crate::matching::{Begin, Outcome};
+use crate::sync::lock;
+
+use super::Engine;
+use super::link::PeerIo;
+use super::service::{Own, Service};
+use super::socket::{POLL_FDS, poll, pollfd};
+
+/// How long a blocked exchange waits for its sockets before it also reads every other free
+/// link, as a blocked plain send does.
+const EXCHANGE_WAIT: Duration = Duration::from_millis(1);
+
+/// The receive half of an exchange while its send is being written.
+pub(super) struct Companion<'a> {
+    from: u32,
+    own: Own<'a>,
+    /// This thread holds the reader role of every link to `from` for `own.id`.
+    holds: bool,
+    /// The receive finished (or its peer was lost) during the send.
+    done: bool,
+}
+
+impl Companion<'_> {
+    /// Whether the send should keep reading the receive's links.
+    pub(super) fn reading(&self) -> bool {
+        self.holds && !self.done
+    }
+
+    /// Whether the receive still needs the links it could not take when it was posted.
+    fn wants_links(&self) -> bool {
+        !self.holds && !self.done
+    }
+}
+
+impl Engine {
+    /// Sends `parts` to `to` under `tag` and receives the next message from `from` under
+    /// `tag` into `buf`, at once. The receive then waits up to `timeout` counted from the end
+    /// of the send; `Ok(None)` when it passes.
+    pub(crate) fn send_recv(
+        &self,
+        to: u32,
+        from: u32,
+        tag: Tag,
+        parts: &[&[u8]],
+        buf: &mut [u8],
+        timeout: Duration,
+    ) -> Result<Option<Outcome>, CollectiveError> {
+        if to == self.rank || from == self.rank {
+            self.send(to, FrameKind::Data, tag, parts)?;
+            return self.recv(from, tag, Some(buf), timeout);
+        }
+        self.check_rank(to)?;
+        let io = self.peer_io(from)?;
+        let st = lock(&self.hub.state);
+        let (mut st, id) = match self.hub.post(st, from, tag, Some(buf.len()))? {
+            (st, Begin::Posted(id)) => (st, id),
+            (st, Begin::Ready(outcome)) => {
+                drop(st);
+                self.hub.wake();
+                self.send(to, FrameKind::Data, tag, parts)?;
+                return Ok(Some(outcome));
+            }
+        };
+        let holds = self.hub.try_acquire(self, &mut st, from, id);
+        drop(st);
+        let mut companion = Companion {
+            from,
+            own: Own { id, buf: Some(buf) },
+            holds,
+            done: false,
+        };
+        let sent = self.send_with(to, FrameKind::Data, tag, parts, Some(&mut companion));
+        let holding = companion.reading();
+        if let Err(error) = sent {
+            if holding {
+                // Bytes of the receive may be landing in the caller's buffer: they move to a
+                // copy of the transport's own, which a later receive takes.
+                self.withdraw_while_reading(from, io, &mut companion.own);
+            } else {
+                let own = companion.own.buf.as_deref();
+                lock(&self.hub.state).withdraw(from, id, own);
+            }
+            if companion.holds {
+                self.hub.release_links(self, from);
+            }
+            return Err(error);
+        }
+        if companion.holds && !holding {
+            self.hub.release_links(self, from);
+        }
+        let buf = companion.own.buf;
+        let deadline = Instant::now().checked_add(timeout);
+        let st = lock(&self.hub.state);
+        self.hub
+            .complete(self, st, from, id, buf, deadline, holding)
+    }
+
+    /// Moves the exchange's receive on without blocking; returns whether any byte moved.
+    pub(super) fn serve_companion(&self, c: &mut Companion<'_>) -> bool {
+        if c.wants_links() {
+            // Another thread (usually the background watcher, on links idle before the
+            // exchange) held them: it gives them back once it sees they are wanted.
+            let mut st = lock(&self.hub.state);
+            if st.is_done(c.from, c.own.id) {
+                c.done = true;
+            } else {
+                c.holds = self.hub.try_acquire(self, &mut st, c.from, c.own.id);
+            }
+        }
+        if !c.reading() {
+            return false;
+        }
+        let Some(Some(io)) = self.peers.get(c.from as usize) else {
+            c.done = true;
+            return false;
+        };
+        let mut progress = false;
+        for (k, link) in io.links.iter().enumerate() {
+            let mut rx = link.rx();
+            // A bounded number of rounds keeps the send moving too.
+            for _ in 0..16 {
+                match self.service(c.from, k, link, &mut rx, Some(&mut c.own)) {
+                    Ok(Service::Progress) => progress = true,
+                    Ok(Service::OwnDone) => {
+                        c.done = true;
+                        return true;
+                    }
+                    Ok(Service::Idle | Service::Parked) => break,
+                    Err(lost) => {
+                        // The receive will report the loss; the send finds out on its own.
+                        drop(rx);
+                        c.done = true;
+                        self.hub.release_links(self, c.from);
+                        c.holds = false;
+                        self.lose(c.from, lost);
+                        return true;
+                    }
+                }
+            }
+        }
+        progress
+    }
+
+    /// Waits until one of the `pending` links of `io` is writable or a link of the exchange's
+    /// receive is readable, then serves the receive; returns `false` when nothing happened
+    /// within [`EXCHANGE_WAIT`], so that the send also reads the other free links.
+    pub(super) fn wait_exchange(&self, io: &PeerIo, pending: u64, c: &mut Companion<'_>) -> bool {
+        let Some(Some(rio)) = self.peers.get(c.from as usize) else {
+            return false;
+        };
+        let woke = POLL_FDS.with(|fds| {
+            let mut fds = fds.borrow_mut();
+            fds.clear();
+            for (i, link) in io.links.iter().enumerate() {
+                if pending & (1 << i) != 0 {
+                    fds.push(pollfd(link.fd(), libc::POLLOUT));
+                }
+            }
+            {
+                let st = lock(&self.hub.state);
+                for (k, link) in rio.links.iter().enumerate() {
+                    if !st.peers[c.from as usize].links[k].parked {
+                        fds.push(pollfd(link.fd(), libc::POLLIN));
+                    }
+                }
+            }
+            fds.push(pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN));
+            poll(&mut fds, EXCHANGE_WAIT);
+            fds.iter().any(|fd| fd.revents != 0)
+        });
+        self.serve_companion(c);
+        woke
+    }
+}
