@@ -291,7 +291,7 @@ impl<'a> Watch<'a> {
 
     /// Looks, without waiting, for a group-wide notice from every other member; fails with
     /// the first one found, or when another thread of this rank found one.
-    fn poll_notices(&self) -> Result<()> {
+    pub(crate) fn poll_notices(&self) -> Result<()> {
         for (index, &peer) in self.members.iter().enumerate() {
             if index as u32 != self.rank {
                 self.poll_notice_of(peer)?;

@@ -304,6 +304,15 @@ impl<'a> OpCtx<'a> {
         self.flight.algorithm(self.seq, algorithm);
     }
 
+    /// The last look of an operation that succeeded here: fails with
+    /// [`CollectiveError::GroupFailed`] when a member has already declared the group failed.
+    /// A wait looks for those notices only between its slices, so an operation whose data had
+    /// all arrived (a rank resumed after a stall, whose peers timed out waiting for it and
+    /// announced it) would otherwise report success for a group its members gave up on.
+    pub(crate) fn last_look(&self) -> Result<()> {
+        self.watch.poll_notices()
+    }
+
     /// Answers, without waiting, the wait probes of other members: this rank waits on world
     /// rank `waits_on` (for waits that do not go through a receive of this context).
     pub(crate) fn answer_probes(&self, waits_on: u32) -> Result<()> {

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{pattern, shared_world};
+use common::in_process::shared_world;
+use common::pattern;
 use rlx_net::TcpTransport;
 use rlx_transport::{CollectiveError, Tag, Transport};
 

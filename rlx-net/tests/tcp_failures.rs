@@ -148,7 +148,7 @@ fn kill_one_of_four_mid_transfer() {
 
 fn abort_wakes_blocked_calls() {
     let w: Vec<Arc<TcpTransport>> =
-        common::local_world(2, |b| b.op_timeout(Duration::from_secs(60)))
+        common::in_process::local_world(2, |b| b.op_timeout(Duration::from_secs(60)))
             .into_iter()
             .map(Arc::new)
             .collect();
@@ -181,7 +181,7 @@ fn abort_wakes_blocked_calls() {
 }
 
 fn a_dropped_transport_is_a_lost_peer() {
-    let mut w = common::local_world(3, |b| b.op_timeout(Duration::from_secs(60)));
+    let mut w = common::in_process::local_world(3, |b| b.op_timeout(Duration::from_secs(60)));
     let survivor = Arc::new(w.remove(0));
     let blocked = {
         let t = Arc::clone(&survivor);
@@ -207,7 +207,7 @@ fn a_dropped_transport_is_a_lost_peer() {
 }
 
 fn a_silent_peer_times_out() {
-    let w = common::local_world(2, |b| b.op_timeout(Duration::from_millis(300)));
+    let w = common::in_process::local_world(2, |b| b.op_timeout(Duration::from_millis(300)));
     let start = Instant::now();
     let err = w[0].recv_bytes(1, 9).unwrap_err();
     assert!(
@@ -226,7 +226,7 @@ fn a_silent_peer_times_out() {
 
 fn dropping_ends_every_thread() {
     let before = thread_count();
-    let w = common::local_world(3, |b| b.op_timeout(Duration::from_secs(30)));
+    let w = common::in_process::local_world(3, |b| b.op_timeout(Duration::from_secs(30)));
     assert!(thread_count() > before, "each transport runs a watcher");
     w[0].send_bytes(1, 0, b"x").unwrap();
     assert_eq!(w[1].recv_bytes(0, 0).unwrap(), b"x");

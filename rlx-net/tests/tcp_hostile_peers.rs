@@ -541,8 +541,9 @@ fn hostile_frames_drop_the_offender_while_the_job_completes() {
 /// A hostile rank 2 floods rank 0 with valid frames for a tag nobody receives: rank 0 holds at
 /// most its unexpected budget (plus one message) for it and pushes back through TCP, so the
 /// flooder's writes stall and the process's memory stays bounded, while the real ranks
-/// exchange exactly. A legitimate rank that floods a tag nobody receives gets a timeout of its
-/// send that names the rank that does not receive.
+/// exchange exactly. After twice the operation timeout rank 0 drops the flooder, logging why.
+/// A legitimate rank that floods a tag nobody receives gets a timeout of its send that names
+/// the rank that does not receive (before it would be dropped the same way).
 #[test]
 fn a_flood_for_a_tag_nobody_receives_is_bounded_by_the_budget() {
     let _serial = serial();
@@ -590,7 +591,33 @@ fn a_flood_for_a_tag_nobody_receives_is_bounded_by_the_budget() {
         written < BUDGET + 32 * MESSAGE as u64,
         "the flooder wrote {written} bytes past a budget of {BUDGET}"
     );
+    // Rank 0 then drops the flooder: twice the operation timeout after the budget filled, its
+    // link ends (the beats rank 0 sent before are read past) and the reason is logged.
+    let mut link = link;
+    link.set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("a read timeout");
+    let waiting = Instant::now();
+    let mut scratch = vec![0u8; 4096];
+    loop {
+        match link.read(&mut scratch) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
+        assert!(
+            waiting.elapsed() < 6 * short,
+            "rank 0 still holds the flooder's link after {:?}",
+            waiting.elapsed()
+        );
+    }
+    let line = logged(&["peer broke the protocol", "dropped as a flood"]);
+    println!(
+        "the flooder was dropped {:?} after its flood stalled: {line}",
+        waiting.elapsed()
+    );
     drop(link);
+    exchange_is_exact(&world, 5);
 
     // A legitimate rank that does the same: its send times out, naming the rank.
     let start = Instant::now();

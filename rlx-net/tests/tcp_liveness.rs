@@ -88,9 +88,24 @@ fn transport_from_env() -> Result<TcpTransport, String> {
         .launch_env(env)
         .tuning_env()
         .map_err(|e| e.to_string())?
-        .socket_setup(move |socket, _| socket.set_tcp_user_timeout(Some(Duration::from_millis(ms))))
+        .socket_setup(move |socket, _| user_timeout(socket, Duration::from_millis(ms)))
         .build()
         .map_err(|e| format!("build: {e}"))
+}
+
+/// Sets `TCP_USER_TIMEOUT` on `socket`: an option of Linux only (these tests run in Linux
+/// network namespaces; elsewhere they only type-check).
+fn user_timeout(socket: &socket2::Socket, after: Duration) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    return socket.set_tcp_user_timeout(Some(after));
+    #[cfg(not(target_os = "linux"))]
+    return Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        format!(
+            "TCP_USER_TIMEOUT ({after:?}) exists on Linux only, not for socket {:?}",
+            socket.local_addr().ok().and_then(|a| a.as_socket())
+        ),
+    ));
 }
 
 /// Sends and receives checked messages with `peer` until something fails.
@@ -415,7 +430,7 @@ fn measure_the_kernel_alone() {
         builder
             .heartbeat(Duration::ZERO)
             .max_unexpected_bytes(1 << 20)
-            .socket_setup(|socket, _| socket.set_tcp_user_timeout(Some(Duration::from_secs(1))))
+            .socket_setup(|socket, _| user_timeout(socket, Duration::from_secs(1)))
     });
     let computing = thread::spawn(move || {
         thread::sleep(Duration::from_secs(3));

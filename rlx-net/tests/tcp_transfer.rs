@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{assert_all_ok, free_port, pattern, rlx_env, shared_world, spawn, wait_all};
+use common::in_process::shared_world;
+use common::{assert_all_ok, free_port, pattern, rlx_env, spawn, wait_all};
 use rlx_transport::{CollectiveError, Failure, Tag, Transport};
 
 const SIZES: &[usize] = &[

@@ -73,7 +73,9 @@ impl ProcessGroup {
         shared.flight.running(id.seq);
         match std::panic::catch_unwind(AssertUnwindSafe(|| body(&ctx))) {
             Ok(result) => {
-                let result = result.map_err(|error| ctx.explain(error));
+                let result = result
+                    .and_then(|value| ctx.last_look().map(|()| value))
+                    .map_err(|error| ctx.explain(error));
                 shared.flight.ended(id.seq, result.as_ref().err());
                 result.inspect_err(|error| {
                     tracing::warn!(%error, "operation failed");

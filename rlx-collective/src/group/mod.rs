@@ -465,6 +465,44 @@ mod tests {
         assert_send::<CollectiveHandle<Vec<f32>>>();
     }
 
+    /// A rank whose operation needs no wait (a broadcast root, a send) still reports the
+    /// failure its members have already announced, instead of a success for a group they have
+    /// given up on: the case of a rank resumed after a stall, whose data had all arrived.
+    #[test]
+    fn an_operation_that_needs_no_wait_reports_an_announced_failure() {
+        use crate::{Failure, FatalCause};
+        let world = crate::MemTransport::fan_out(2);
+        let group = ProcessGroup::new(Arc::clone(&world[0]) as Arc<dyn Transport>);
+        let mut data = [1.0f32; 3];
+        group.broadcast(0, &mut data).unwrap();
+        let notice = Failure::GroupFailed {
+            culprit: 0,
+            cause: FatalCause::Timeout,
+        };
+        world[1]
+            .send_failure(0, crate::health::notice_tag(WORLD_GROUP_ID), notice)
+            .unwrap();
+        let err = group.broadcast(0, &mut data).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CollectiveError::GroupFailed {
+                    peer: 0,
+                    reporter: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            matches!(
+                group.send(1, 5, &data),
+                Err(CollectiveError::GroupFailed { .. })
+            ),
+            "the group stays failed"
+        );
+    }
+
     #[test]
     fn every_issued_operation_takes_the_next_sequence_number() {
         let t: Arc<dyn Transport> = crate::MemTransport::fan_out(1).remove(0);

@@ -80,6 +80,14 @@ impl PeerState {
         self.queue.insert(at, entry);
     }
 
+    /// The mark of a peer whose messages nobody receives: `(next_seq, unexpected_bytes)` while
+    /// a link is parked with unexpected bytes held (the budget stops the reader), `None`
+    /// otherwise. A sequence number that stays put means nothing was received meanwhile.
+    pub(crate) fn held_back(&self) -> Option<(u64, u64)> {
+        let parked = self.links.iter().any(|l| l.parked);
+        (parked && self.unexpected_bytes > 0).then_some((self.next_seq, self.unexpected_bytes))
+    }
+
     /// Whether the unexpected budget admits `weight` more bytes (always when nothing is held).
     pub(super) fn admits(&self, weight: u64, budget: u64) -> bool {
         self.unexpected_bytes == 0 || self.unexpected_bytes.saturating_add(weight) <= budget

@@ -16,6 +16,12 @@
 //!   a reason that says for how long it sent nothing. A peer whose links are parked is never
 //!   blamed: this side stopped reading it (its unexpected budget is full), so its bytes wait
 //!   unread in the kernel.
+//! - *Floods.* A peer whose messages fill the unexpected budget while nobody here receives
+//!   any of them (its links parked, its message count unchanged) for twice the operation
+//!   timeout is dropped as a protocol offender, with a reason that says how much it holds. A
+//!   legitimate rank that sends to a tag nobody receives has by then been told by its own
+//!   send, which timed out after one operation timeout naming this rank; a stranger that
+//!   passed the handshake no longer holds a link and the budget's memory for good.
 //! - *This process stopped.* When a round comes far later than due (this process was stopped
 //!   or starved itself), everyone's silence is forgiven once: the peers were not silent, this
 //!   side was not listening. If they gave up on this rank meanwhile, their closed sockets say
@@ -56,6 +62,19 @@ struct PeerPulse {
     /// The peer's message count when the monitor last looked: a change means a message went
     /// out since, and no beat is needed.
     seq_seen: u64,
+    /// Since when the peer has held the unexpected budget with nothing received, and its
+    /// incoming message count then.
+    flooding: Option<(u64, Instant)>,
+}
+
+/// One peer's standing in the matching state, as a round of the monitor found it.
+#[derive(Clone, Copy, Debug)]
+struct Standing {
+    lost: bool,
+    /// A link of the peer is parked: this side stopped reading it.
+    parked: bool,
+    /// See [`PeerState::held_back`](crate::matching::PeerState::held_back).
+    held: Option<(u64, u64)>,
 }
 
 /// The heartbeat monitor; the watcher thread owns it and calls [`Pulse::tick`] every round.
@@ -63,6 +82,8 @@ struct PeerPulse {
 pub(super) struct Pulse {
     interval: Duration,
     window: Duration,
+    /// How long a peer may hold the unexpected budget with nothing received.
+    flood_window: Duration,
     round: Duration,
     last_round: Instant,
     peers: Vec<PeerPulse>,
@@ -79,6 +100,7 @@ impl Pulse {
         Some(Self {
             interval,
             window: interval * SILENT_BEATS,
+            flood_window: engine.cfg.op_timeout.saturating_mul(2),
             round: interval / ROUNDS_PER_BEAT,
             last_round: now,
             peers: (0..engine.world)
@@ -86,6 +108,7 @@ impl Pulse {
                     heard_at: now,
                     beat_at: now,
                     seq_seen: 0,
+                    flooding: None,
                 })
                 .collect(),
         })
@@ -107,15 +130,21 @@ impl Pulse {
                 "heartbeat round came late (this process was stopped or starved): peer silence forgiven"
             );
         }
-        // Which peers are already lost, and which have a link this side stopped reading.
-        let standing: Vec<(bool, bool)> = {
+        // Which peers are already lost, which have a link this side stopped reading, and which
+        // hold the unexpected budget.
+        let standing: Vec<Standing> = {
             let st = lock(&engine.hub.state);
             st.peers
                 .iter()
-                .map(|p| (p.lost.is_some(), p.links.iter().any(|l| l.parked)))
+                .map(|p| Standing {
+                    lost: p.lost.is_some(),
+                    parked: p.links.iter().any(|l| l.parked),
+                    held: p.held_back(),
+                })
                 .collect()
         };
-        for (rank, (pulse, &(lost, parked))) in self.peers.iter_mut().zip(&standing).enumerate() {
+        for (rank, (pulse, standing)) in self.peers.iter_mut().zip(&standing).enumerate() {
+            let Standing { lost, parked, held } = *standing;
             let Some(Some(io)) = engine.peers.get(rank) else {
                 continue;
             };
@@ -130,6 +159,20 @@ impl Pulse {
                 .fold(false, |any, link| link.take_heard() | any);
             if heard || parked || stalled_here {
                 pulse.heard_at = now;
+            }
+            let flood_window = if stalled_here {
+                None
+            } else {
+                Some(self.flood_window)
+            };
+            if let Some(reason) =
+                pulse.follow_flood(held, now, flood_window, engine.cfg.max_unexpected)
+            {
+                engine.lose(
+                    rank,
+                    Lost::Protocol(format!("{reason} (link to {})", io.addr)),
+                );
+                continue;
             }
             let silent = now.duration_since(pulse.heard_at);
             if silent >= self.window {
@@ -151,6 +194,42 @@ impl Pulse {
                 }
             }
         }
+    }
+}
+
+impl PeerPulse {
+    /// Follows the peer's hold on the unexpected budget of `budget` bytes (`held`: see
+    /// [`PeerState::held_back`](crate::matching::PeerState::held_back)); the reason to drop it
+    /// once it has held the budget for `window` with nothing received. `window` is `None` when
+    /// this process itself was stopped: the hold is counted afresh.
+    fn follow_flood(
+        &mut self,
+        held: Option<(u64, u64)>,
+        now: Instant,
+        window: Option<Duration>,
+        budget: u64,
+    ) -> Option<String> {
+        let Some((seq, bytes)) = held else {
+            self.flooding = None;
+            return None;
+        };
+        let since = match (self.flooding, window) {
+            (Some((at_seq, since)), Some(_)) if at_seq == seq => since,
+            _ => {
+                self.flooding = Some((seq, now));
+                now
+            }
+        };
+        let held_for = now.duration_since(since);
+        (held_for >= window?).then(|| {
+            format!(
+                "it holds {bytes} bytes of messages nobody on this rank receives (the \
+                 unexpected budget is {} bytes) and nothing was received from it for {} ms, \
+                 twice the operation timeout: dropped as a flood",
+                budget,
+                held_for.as_millis()
+            )
+        })
     }
 }
 
@@ -210,5 +289,47 @@ impl Engine {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(all(test, not(rlx_loom)))]
+mod tests {
+    use super::*;
+
+    fn pulse(now: Instant) -> PeerPulse {
+        PeerPulse {
+            heard_at: now,
+            beat_at: now,
+            seq_seen: 0,
+            flooding: None,
+        }
+    }
+
+    /// A hold counts from when it was first seen at one message count; a received message
+    /// (the count moves), a released budget or this process's own stall starts it afresh.
+    #[test]
+    fn a_flood_is_a_hold_that_outlasts_the_window_at_one_count() {
+        let start = Instant::now();
+        let window = Some(Duration::from_secs(4));
+        let at = |secs| start + Duration::from_secs(secs);
+        let mut peer = pulse(start);
+        assert_eq!(peer.follow_flood(Some((7, 100)), at(0), window, 100), None);
+        assert_eq!(peer.follow_flood(Some((7, 100)), at(3), window, 100), None);
+        // A message was received: the count moved, the hold starts again.
+        assert_eq!(peer.follow_flood(Some((8, 100)), at(5), window, 100), None);
+        assert_eq!(peer.follow_flood(Some((8, 100)), at(8), window, 100), None);
+        // The budget was released for a moment.
+        assert_eq!(peer.follow_flood(None, at(9), window, 100), None);
+        assert_eq!(peer.follow_flood(Some((8, 100)), at(10), window, 100), None);
+        // This process was stopped: the hold is counted afresh.
+        assert_eq!(peer.follow_flood(Some((8, 100)), at(13), None, 100), None);
+        assert_eq!(peer.follow_flood(Some((8, 100)), at(16), window, 100), None);
+        let reason = peer
+            .follow_flood(Some((8, 60)), at(17), window, 100)
+            .expect("held for the window");
+        assert!(
+            reason.contains("holds 60 bytes") && reason.contains("budget is 100 bytes"),
+            "{reason}"
+        );
     }
 }

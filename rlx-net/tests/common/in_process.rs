@@ -35,6 +35,35 @@ pub(crate) fn joined(
         .collect()
 }
 
+/// A world of `n` ranks in this process (one thread builds each, `tune` sets its options),
+/// through a rendezvous store on loopback.
+pub(crate) fn local_world(
+    n: u32,
+    tune: fn(rlx_net::TcpTransportBuilder) -> rlx_net::TcpTransportBuilder,
+) -> Vec<TcpTransport> {
+    let port = super::free_port();
+    joined(build(0..n, &|rank| {
+        tune(
+            TcpTransport::builder()
+                .rank(rank)
+                .world_size(n)
+                .master("127.0.0.1", port)
+                .connect_timeout(std::time::Duration::from_secs(20)),
+        )
+    }))
+}
+
+/// [`local_world`], each transport shared so that several threads can drive it.
+pub(crate) fn shared_world(
+    n: u32,
+    tune: fn(rlx_net::TcpTransportBuilder) -> rlx_net::TcpTransportBuilder,
+) -> Vec<std::sync::Arc<TcpTransport>> {
+    local_world(n, tune)
+        .into_iter()
+        .map(std::sync::Arc::new)
+        .collect()
+}
+
 /// A naive all-reduce (every rank sends its vector to every other and sums in rank order)
 /// over the world, checked exactly on every rank.
 pub(crate) fn all_reduce_is_exact(world: Vec<TcpTransport>) {
@@ -75,10 +104,12 @@ pub(crate) fn all_reduce_is_exact(world: Vec<TcpTransport>) {
     }
 }
 
+/// `count` loopback ports, free a moment ago (see [`super::free_port`]).
 pub(crate) fn free_ports(count: usize) -> Vec<u16> {
     rlx_transport::ports::free_loopback_ports(count).expect("free loopback ports")
 }
 
+/// The loopback address with `port`.
 pub(crate) fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }

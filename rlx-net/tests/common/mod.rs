@@ -322,42 +322,6 @@ pub(crate) fn describe(e: &CollectiveError) -> String {
     format!("{e:?} / {e}")
 }
 
-/// A world of `n` ranks in this process (one thread builds each, `tune` sets its options),
-/// through a rendezvous store on loopback.
-pub(crate) fn local_world(
-    n: u32,
-    tune: fn(rlx_net::TcpTransportBuilder) -> rlx_net::TcpTransportBuilder,
-) -> Vec<TcpTransport> {
-    let port = free_port();
-    let handles: Vec<_> = (0..n)
-        .map(|rank| {
-            std::thread::spawn(move || {
-                let b = TcpTransport::builder()
-                    .rank(rank)
-                    .world_size(n)
-                    .master("127.0.0.1", port)
-                    .connect_timeout(Duration::from_secs(20));
-                tune(b).build()
-            })
-        })
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().unwrap().unwrap())
-        .collect()
-}
-
-/// [`local_world`], each transport shared so that several threads can drive it.
-pub(crate) fn shared_world(
-    n: u32,
-    tune: fn(rlx_net::TcpTransportBuilder) -> rlx_net::TcpTransportBuilder,
-) -> Vec<std::sync::Arc<TcpTransport>> {
-    local_world(n, tune)
-        .into_iter()
-        .map(std::sync::Arc::new)
-        .collect()
-}
-
 /// The wire protocol version the tests' hand-made hellos and registrations speak.
 pub(crate) const PROTOCOL_VERSION: u32 = 3;
 
