@@ -244,6 +244,27 @@ impl State {
         &mut self.peers[index]
     }
 
+    /// What a receive from `from` under `tag` that will not wait ends with when nothing
+    /// under `tag` is queued (the abort, the peer's loss, or no message yet), so that it need
+    /// not be posted and withdrawn; `None` when there is a message to take.
+    pub(crate) fn empty_handed(
+        &mut self,
+        from: u32,
+        tag: Tag,
+    ) -> Option<Result<Option<Outcome>, CollectiveError>> {
+        if self.aborted {
+            return Some(Err(CollectiveError::Aborted));
+        }
+        let peer = self.peer(from);
+        if peer.queue.iter().any(|q| q.tag == tag) {
+            return None;
+        }
+        Some(match &peer.lost {
+            Some(lost) => Err(lost.error(from)),
+            None => Ok(None),
+        })
+    }
+
     /// Starts a receive from `from` under `tag`: takes the first queued match, or posts.
     /// `capacity` is the receiver's buffer length (`None` when it wants a `Vec`).
     pub(crate) fn begin_recv(
