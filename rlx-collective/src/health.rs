@@ -187,11 +187,13 @@ impl<'a> Watch<'a> {
             while let Ok(Some(probe)) = self.transport.recv_message(peer, tag, Duration::ZERO) {
                 wait_chain::decode_probe(peer, &probe)?;
                 let answer = wait_chain::encode_answer(waits_on);
-                // Best effort: a prober that cannot be reached is failing on its own.
-                let _ = self.transport.send_message(
+                // Best effort: a prober that cannot be reached is failing on its own, and a
+                // prober that does not read must not hold this wait up.
+                let _ = self.transport.try_send_message(
                     peer,
                     wait_chain::answer_tag(self.group),
                     &[&answer],
+                    NOTICE_SLICE,
                 );
             }
         }
@@ -267,13 +269,20 @@ impl<'a> Watch<'a> {
     /// notices and answers probes itself (it waits on `waits_on`).
     fn ask(&self, peer: u32, waits_on: u32, window: Duration) -> Result<Option<u32>> {
         let tag = wait_chain::answer_tag(self.group);
-        self.transport.send_message(
-            peer,
-            wait_chain::probe_tag(self.group),
-            &[&wait_chain::PROBE],
-        )?;
         let start = Instant::now();
+        let mut probed = false;
         loop {
+            // A rank whose socket does not take the probe (stopped, or cut off with its
+            // buffers full) is asked again each slice, so that this rank never stops
+            // answering probes itself; it does not answer within the window either.
+            if !probed {
+                probed = self.transport.try_send_message(
+                    peer,
+                    wait_chain::probe_tag(self.group),
+                    &[&wait_chain::PROBE],
+                    Duration::ZERO,
+                )?;
+            }
             let left = window.saturating_sub(start.elapsed());
             if let Some(answer) = self
                 .transport
@@ -395,13 +404,33 @@ impl<'a> Watch<'a> {
         if !self.health.take_announcement() {
             return;
         }
-        let tag = notice_tag(self.group);
-        for (index, &peer) in self.members.iter().enumerate() {
-            if index as u32 != self.rank {
-                // Ignoring the result is the point of best effort: a peer we cannot reach
-                // learns about the failure from its own broken link or from another member.
-                let _ = self.transport.send_failure(peer, tag, notice);
-            }
+        self.tell_members(notice_tag(self.group), notice);
+    }
+
+    /// Sends `failure` under `tag` to every other member, best effort: a member that cannot
+    /// be told learns of the failure from its own broken link or from another member. First
+    /// to every member whose link takes it at once, then to the others, each waiting at most
+    /// one probe window: a member that does not read (stopped, or cut off with its socket
+    /// full) must not hold the notice back from the rest, nor this rank's error for long.
+    pub(crate) fn tell_members(&self, tag: Tag, failure: Failure) {
+        let others = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|&(index, _)| index as u32 != self.rank)
+            .map(|(_, &peer)| peer);
+        let slow: Vec<u32> = others
+            .filter(|&peer| {
+                !matches!(
+                    self.transport
+                        .try_send_failure(peer, tag, failure, Duration::ZERO),
+                    Ok(true)
+                )
+            })
+            .collect();
+        let window = wait_chain::probe_window(self.transport.op_timeout());
+        for peer in slow {
+            let _ = self.transport.try_send_failure(peer, tag, failure, window);
         }
     }
 }

@@ -205,11 +205,22 @@ impl<'a> OpCtx<'a> {
         self.send_parts(to, &[bytes])
     }
 
-    /// Sends the concatenation of `parts` to group rank `to`.
+    /// Sends the concatenation of `parts` to group rank `to`. A send that cannot start (the
+    /// peer does not read) waits in slices, between which it looks for failure notices and
+    /// answers wait probes like a receive, so that a rank stuck behind a silent peer is never
+    /// taken for the silent one.
     pub(crate) fn send_parts(&self, to: u32, parts: &[&[u8]]) -> Result<()> {
         let peer = self.world_rank(to)?;
-        self.watch.check()?;
-        self.transport.send_message(peer, self.tag, parts)
+        let mut first = true;
+        let sent = self.watch.wait(self.timeout, NOTICE_SLICE, peer, |slice| {
+            if !std::mem::take(&mut first) {
+                self.flight.waiting(self.seq, peer);
+            }
+            self.transport
+                .try_send_message(peer, self.tag, parts, slice)
+                .map(|sent| sent.then_some(()))
+        })?;
+        sent.ok_or_else(|| self.timed_out(peer, self.timeout))
     }
 
     /// Receives the next message of this operation from group rank `from` into `buf`, which it
@@ -360,13 +371,7 @@ impl<'a> OpCtx<'a> {
             (_, None) => Failure::Failed,
         };
         tracing::debug!(?failure, "sending the failure notice to every member");
-        for (index, &peer) in self.members.iter().enumerate() {
-            if index as u32 != self.rank {
-                // Ignoring the result is the point of best effort: a peer we cannot reach
-                // learns about the failure from its own broken link.
-                let _ = self.transport.send_failure(peer, self.tag, failure);
-            }
-        }
+        self.watch.tell_members(self.tag, failure);
         self.watch.on_failure(error);
     }
 }

@@ -87,13 +87,23 @@ impl Hello {
         out
     }
 
-    /// Decodes a hello; only the magic is checked here (a stranger's bytes get a refusal whose
-    /// reason says so), everything else is [`check_hello`]'s job.
+    /// Decodes a hello; only the magic and the flags are checked here (a stranger's bytes get
+    /// a refusal whose reason says so, and flags this version does not know would be lost in
+    /// decoding), everything else is [`check_hello`]'s job.
     pub(crate) fn decode(bytes: &[u8; HELLO_LEN]) -> Result<Self, Refusal> {
         if bytes[0..8] != MAGIC {
             return Err(Refusal::new(
                 RefusalCode::NotRlx,
                 "not an RLX TCP hello (wrong magic)",
+            ));
+        }
+        let flags = u32_at(bytes, 12);
+        if flags & !FLAG_SECRET != 0 {
+            return Err(Refusal::new(
+                RefusalCode::Version,
+                format!(
+                    "unknown hello flags {flags:#x} (protocol version {PROTOCOL_VERSION} knows only the job secret's)"
+                ),
             ));
         }
         let mut job = [0u8; 16];
@@ -400,6 +410,15 @@ mod tests {
         let h = hello(3);
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
         check_hello(&h, &expect()).unwrap();
+    }
+
+    #[test]
+    fn unknown_hello_flags_are_refused() {
+        let mut bytes = hello(3).encode();
+        bytes[12..16].copy_from_slice(&(FLAG_SECRET | 4).to_le_bytes());
+        let refusal = Hello::decode(&bytes).unwrap_err();
+        assert_eq!(refusal.code, RefusalCode::Version);
+        assert!(refusal.reason.contains("0x5"), "{}", refusal.reason);
     }
 
     #[test]

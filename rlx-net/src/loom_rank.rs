@@ -17,7 +17,7 @@ use rlx_transport::{CollectiveError, Tag};
 
 use crate::error::{Lost, protocol_lost};
 use crate::frame::{FrameHeader, FrameKind};
-use crate::matching::{Landing, Outcome, PostId, Withdrawn};
+use crate::matching::{Holder, Landing, Outcome, PostId, Withdrawn};
 use crate::progress::{DriveEnd, Hub, Links};
 use crate::sync::{AtomicUsize, Condvar, Mutex, Ordering, lock};
 
@@ -151,6 +151,34 @@ impl LoomRank {
         for wire in &self.wires {
             wire.change(|_| {});
         }
+    }
+
+    /// The background watcher takes the reader role of the link to `from`, as it does with a
+    /// link no caller touched for a while.
+    pub fn watcher_takes(&self, from: u32) {
+        lock(&self.hub.state).peers[from as usize].links[0].holder = Holder::Background;
+    }
+
+    /// The background watcher gives the link to `from` back, as at the end of its round: free,
+    /// no longer wanted, and everyone woken.
+    pub fn watcher_releases(&self, from: u32) {
+        {
+            let mut st = lock(&self.hub.state);
+            let slot = &mut st.peers[from as usize].links[0];
+            slot.holder = Holder::Free;
+            slot.wanted = false;
+        }
+        self.hub.wake();
+    }
+
+    /// A catch-up's sweep ([`Hub::take_for_sweep`]) waiting until `until` past the start of
+    /// the modelled clock at most: returns the peers whose link it took, and gives them back.
+    pub fn sweep(&self, until: Duration) -> Vec<u32> {
+        let taken = self.hub.take_for_sweep(self, self.start + until);
+        for &(peer, _) in &taken {
+            self.hub.release_links(self, peer);
+        }
+        taken.into_iter().map(|(peer, _)| peer).collect()
     }
 
     /// Unexpected bytes buffered for `from`.

@@ -9,7 +9,7 @@
 #[cfg(not(rlx_loom))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(rlx_loom))]
-pub(crate) use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+pub(crate) use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 #[cfg(not(rlx_loom))]
 pub(crate) use std::thread;
 
@@ -19,6 +19,8 @@ pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering
 pub(crate) use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
 #[cfg(rlx_loom)]
 pub(crate) use loom::thread;
+#[cfg(rlx_loom)]
+pub(crate) use std::sync::TryLockError;
 
 /// Locks `mutex`, recovering the guard if another thread panicked while holding it: the state
 /// guarded here is consistent at every unlock, so a poisoned lock carries no torn data.

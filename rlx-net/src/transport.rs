@@ -583,6 +583,21 @@ impl Transport for TcpTransport {
             .send(to, FrameKind::Failure, tag, &[&failure.encode()])
     }
 
+    fn try_send_message(&self, to: u32, tag: Tag, parts: &[&[u8]], wait: Duration) -> Result<bool> {
+        self.engine.try_send(to, FrameKind::Data, tag, parts, wait)
+    }
+
+    fn try_send_failure(
+        &self,
+        to: u32,
+        tag: Tag,
+        failure: Failure,
+        wait: Duration,
+    ) -> Result<bool> {
+        self.engine
+            .try_send(to, FrameKind::Failure, tag, &[&failure.encode()], wait)
+    }
+
     fn op_timeout(&self) -> Duration {
         self.engine.op_timeout()
     }

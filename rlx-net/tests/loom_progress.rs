@@ -182,3 +182,34 @@ fn abort_wakes_the_waiter() {
         ));
     });
 }
+
+/// A catch-up after a stop takes every link no receiver holds: a link the background watcher
+/// holds is waited for until the watcher gives it back, never skipped, and never waited for
+/// past the deadline.
+#[test]
+fn a_sweep_waits_for_the_links_the_watcher_holds() {
+    loom::model(|| {
+        let rank = Arc::new(LoomRank::new(3, budget()));
+        rank.watcher_takes(2);
+        let watcher = {
+            let rank = rank.clone();
+            thread::spawn(move || rank.watcher_releases(2))
+        };
+        let mut taken = rank.sweep(FOREVER);
+        watcher.join().unwrap();
+        taken.sort_unstable();
+        assert_eq!(taken, [1, 2]);
+    });
+    loom::model(|| {
+        let rank = Arc::new(LoomRank::new(2, budget()));
+        rank.watcher_takes(1);
+        let clock = {
+            let rank = rank.clone();
+            thread::spawn(move || rank.advance(Duration::from_millis(200)))
+        };
+        // The watcher never lets go: the sweep ends at its deadline, with nothing taken.
+        let taken = rank.sweep(Duration::from_millis(100));
+        clock.join().unwrap();
+        assert!(taken.is_empty(), "{taken:?}");
+    });
+}

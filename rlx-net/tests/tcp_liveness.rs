@@ -7,6 +7,9 @@
 //!   under the default operation timeout (300 s) and heartbeat (1 s); one is stopped; both
 //!   survivors must fail naming it within a few seconds, and the stopped rank, once resumed,
 //!   must fail too instead of hanging.
+//! - `a_resumed_rank_sees_what_arrived_while_it_was_stopped`: a rank stops itself right after
+//!   a receive; its peer sends two messages meanwhile; once resumed, the rank receives the
+//!   first and must find the second in a receive that does not wait.
 //! - `a_computing_rank_is_not_lost`: in one process, a rank sleeps for three detection windows
 //!   while its peer waits on it and pushes more than its unexpected budget at it; everything
 //!   arrives and nobody is lost.
@@ -14,6 +17,8 @@
 //!   `CI=true`): three ranks, one rank's cable cut by taking its switch port down or by a `tc`
 //!   rule that drops every packet, during a transfer and while the links are idle; both
 //!   survivors must fail naming it within the window.
+//! - `the_kernel_alone_misses_what_heartbeats_catch` (namespaces too): with heartbeats off,
+//!   what the kernel notices by itself, with and without `TCP_USER_TIMEOUT` (see its doc).
 //!
 //! `RLX_NET_TEST_LIVENESS_ROUNDS=N` repeats each multi-process scenario N times and prints the
 //! detection times (min/median/max).
@@ -147,6 +152,86 @@ fn wait_forever(t: &dyn Transport, peer: u32) -> CollectiveError {
     }
 }
 
+/// Rank 1 of two: receives a first message, stops itself (SIGSTOP) right after, and once
+/// resumed receives the message sent while it was stopped, then looks without waiting for the
+/// one sent after it. Prints `second: N` (its length) or `second: none`.
+fn stopping_worker() -> Result<(), String> {
+    let t = common::from_env()?;
+    t.recv_bytes(0, 1)
+        .map_err(|e| format!("first message: {e}"))?;
+    println!("stopping");
+    // SAFETY: `raise` has no memory-safety preconditions; the process stops until SIGCONT.
+    unsafe {
+        libc::raise(libc::SIGSTOP);
+    }
+    let tag = |n| Tag::user(n).map_err(|e| e.to_string());
+    let want = pattern(0, 2, 1024);
+    let got = t
+        .recv_message(0, tag(2)?, Duration::from_secs(10))
+        .map_err(|e| format!("message sent during the stop: {e}"))?;
+    if got.as_deref() != Some(&want[..]) {
+        return Err(format!("wrong message sent during the stop: {got:?}"));
+    }
+    match t.recv_message(0, tag(3)?, Duration::ZERO) {
+        Ok(Some(message)) => println!("second: {}", message.len()),
+        Ok(None) => println!("second: none"),
+        Err(e) => return Err(format!("looking for the second message: {e}")),
+    }
+    t.barrier().map_err(|e| format!("last barrier: {e}"))
+}
+
+/// A rank resumed from a stop sees, in a receive that does not wait, what its peer sent while
+/// it was stopped: here the second of two messages, which arrived behind the first in the same
+/// socket and so was still unparsed when the receive of the first returned. This is how a
+/// resumed rank finds the failure notices its group sent while it was stopped.
+fn a_resumed_rank_sees_what_arrived_while_it_was_stopped() {
+    for _ in 0..rounds() {
+        let port = free_port();
+        let child = spawn_in(
+            None,
+            "stops_itself",
+            &[
+                ("RLX_RANK".into(), "1".into()),
+                ("RLX_WORLD_SIZE".into(), "2".into()),
+                ("RLX_MASTER_ADDR".into(), "127.0.0.1".into()),
+                ("RLX_MASTER_PORT".into(), port.to_string()),
+            ],
+        );
+        let mut reaper = Reaper(vec![child]);
+        let pid = reaper.0[0].id() as libc::pid_t;
+        let t = TcpTransport::builder()
+            .rank(0)
+            .world_size(2)
+            .master("127.0.0.1", port)
+            .build()
+            .expect("rank 0");
+        t.send_bytes(1, 1, &pattern(0, 1, 64))
+            .expect("first message");
+        let stopped = Instant::now();
+        while !common::is_stopped(pid) {
+            assert!(
+                stopped.elapsed() < Duration::from_secs(10),
+                "rank 1 did not stop"
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
+        t.send_bytes(1, 2, &pattern(0, 2, 1024)).expect("message 2");
+        t.send_bytes(1, 3, &pattern(0, 3, 512)).expect("message 3");
+        // Longer than any round of the stopped rank's watcher, shorter than its heartbeat
+        // window: it must find out it was stopped from the clock alone.
+        thread::sleep(Duration::from_millis(600));
+        // SAFETY: `pid` is our own child, not yet reaped, so the id names that process.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0, "SIGCONT");
+        t.barrier().expect("last barrier");
+        let done = wait_all(reaper.take(), Duration::from_secs(30));
+        assert!(done[0].ok, "rank 1 failed: {done:#?}");
+        assert!(
+            done[0].stdout.contains("second: 512"),
+            "the resumed rank did not see the second message: {done:#?}"
+        );
+    }
+}
+
 /// What a receive from `peer` that reached the operation timeout reports.
 fn timed_out(t: &dyn Transport, peer: u32) -> CollectiveError {
     CollectiveError::Timeout {
@@ -160,6 +245,7 @@ fn worker(role: &str) -> Result<(), String> {
     match role {
         "transfer" => exchange_worker(false),
         "idle" => exchange_worker(true),
+        "stops_itself" => stopping_worker(),
         other => Err(format!("unknown role {other}")),
     }
 }
@@ -372,25 +458,58 @@ fn drop_all_while_idle() {
     cut_in_namespaces("idle", Cut::DropAll);
 }
 
-/// What the kernel alone notices, with heartbeats off: SIGSTOP and cut cables, with and
-/// without `TCP_USER_TIMEOUT`, under a 60 s operation timeout; and whether a user timeout
-/// shorter than a computation makes a live peer look dead. Prints the survivors' errors and
-/// when they came; asserts nothing (`--ignored`, it takes about five minutes).
-fn measure_the_kernel_alone() {
-    let cases: [(&str, Option<Cut>, Option<u64>); 7] = [
-        ("transfer", None, None),
-        ("transfer", None, Some(5_000)),
-        ("idle", None, Some(5_000)),
-        ("transfer", Some(Cut::LinkDown), None),
-        ("transfer", Some(Cut::LinkDown), Some(5_000)),
-        ("idle", Some(Cut::LinkDown), None),
-        ("idle", Some(Cut::LinkDown), Some(5_000)),
+/// What a survivor sees when the kernel alone has to notice a silent peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KernelSees {
+    /// Nothing: the operation timeout ends the wait.
+    Nothing,
+    /// Its `TCP_USER_TIMEOUT` on unacknowledged data: the link fails with "timed out".
+    UserTimeout,
+}
+
+/// The operation timeout of [`the_kernel_alone_misses_what_heartbeats_catch`]: shorter than
+/// keepalive's first probe (30 s), longer than the 5 s user timeout with room to spare.
+const KERNEL_OP_TIMEOUT_MS: u128 = 15_000;
+
+/// What the kernel alone notices, with heartbeats off, under a 15 s operation timeout: a
+/// stopped process keeps acknowledging from its kernel, so nothing but the operation timeout
+/// ends the wait, with or without `TCP_USER_TIMEOUT`; a pulled cable is noticed by a 5 s user
+/// timeout only where data is unacknowledged (during a transfer, not while idle), and without
+/// one not before TCP's retransmissions give up (about 15 minutes). And a user timeout shorter
+/// than a computation makes a live peer look dead: Linux applies it to zero-window probes.
+/// This is why the links beat instead (the scenarios above).
+fn the_kernel_alone_misses_what_heartbeats_catch() {
+    let cases: [(&str, Option<Cut>, Option<u64>, KernelSees); 7] = [
+        ("transfer", None, None, KernelSees::Nothing),
+        ("transfer", None, Some(5_000), KernelSees::Nothing),
+        ("idle", None, Some(5_000), KernelSees::Nothing),
+        ("transfer", Some(Cut::LinkDown), None, KernelSees::Nothing),
+        (
+            "transfer",
+            Some(Cut::LinkDown),
+            Some(5_000),
+            KernelSees::UserTimeout,
+        ),
+        ("idle", Some(Cut::LinkDown), None, KernelSees::Nothing),
+        (
+            "idle",
+            Some(Cut::LinkDown),
+            Some(5_000),
+            KernelSees::Nothing,
+        ),
     ];
-    for (role, cut, user_timeout) in cases {
+    for (role, cut, user_timeout, expected) in cases {
+        let what = format!(
+            "{role}, {}, user timeout {user_timeout:?}",
+            cut.map_or("SIGSTOP".to_owned(), |c| format!("{c:?}"))
+        );
         let switch = Switch::create(WORLD).expect("namespaces");
         let mut extra = vec![
             ("RLX_HEARTBEAT_MS".to_owned(), "0".to_owned()),
-            ("RLX_TIMEOUT_MS".to_owned(), "60000".to_owned()),
+            (
+                "RLX_TIMEOUT_MS".to_owned(),
+                KERNEL_OP_TIMEOUT_MS.to_string(),
+            ),
         ];
         if let Some(ms) = user_timeout {
             extra.push(("RLX_NET_TEST_USER_TIMEOUT_MS".to_owned(), ms.to_string()));
@@ -413,19 +532,36 @@ fn measure_the_kernel_alone() {
         }
         let done = wait_all(survivors.take(), Duration::from_secs(120));
         for f in &done {
-            let line = f.stdout.lines().find(|l| l.starts_with("lost: "));
-            let seen = line.and_then(|l| {
-                let t: u128 = l.rsplit(' ').next()?.parse().ok()?;
-                Some((t.saturating_sub(at), l.to_owned()))
-            });
-            println!(
-                "{role}, {}, user timeout {user_timeout:?}: {seen:?}",
-                cut.map_or("SIGSTOP".to_owned(), |c| format!("{c:?}"))
-            );
+            let line = f
+                .stdout
+                .lines()
+                .find(|l| l.starts_with("lost: "))
+                .unwrap_or_else(|| panic!("{what}: a survivor reported nothing: {done:#?}"));
+            let after = line
+                .rsplit(' ')
+                .next()
+                .and_then(|t| t.parse::<u128>().ok())
+                .expect("a timestamp")
+                .saturating_sub(at);
+            println!("{what}: after {after} ms: {line}");
+            match expected {
+                // An idle survivor began its wait a moment before the cut (`start_world`).
+                KernelSees::Nothing => assert!(
+                    line.contains("Timeout {") && after + 1_000 >= KERNEL_OP_TIMEOUT_MS,
+                    "{what}: the kernel noticed before the operation timeout: {line}"
+                ),
+                KernelSees::UserTimeout => assert!(
+                    line.contains(&format!("peer: {VICTIM}"))
+                        && line.contains("timed out")
+                        && !line.contains("Timeout {")
+                        && after + 3_000 < KERNEL_OP_TIMEOUT_MS,
+                    "{what}: the user timeout did not end the wait: {line}"
+                ),
+            }
         }
     }
     // A live peer that computes for 3 s while a sender pushes more than its budget and the
-    // socket buffers at it: with a 1 s user timeout, are its zero-window probes enough?
+    // socket buffers at it: a 1 s user timeout ends the sender's link although the peer lives.
     let (a, b) = two_ranks(|builder| {
         builder
             .heartbeat(Duration::ZERO)
@@ -441,10 +577,7 @@ fn measure_the_kernel_alone() {
     });
     let start = Instant::now();
     let sent: Vec<_> = (0..8)
-        .map(|i| {
-            a.send_bytes(1, 3, &pattern(0, i, 4 << 20))
-                .map_err(|e| e.to_string())
-        })
+        .map(|i| a.send_bytes(1, 3, &pattern(0, i, 4 << 20)))
         .collect();
     println!(
         "computing peer, user timeout 1 s, heartbeats off: sends {sent:?} after {:?}",
@@ -452,6 +585,10 @@ fn measure_the_kernel_alone() {
     );
     let (_b, got) = computing.join().expect("the computing rank");
     println!("computing peer received {got:?}");
+    assert!(
+        sent.iter().any(Result::is_err) && got.iter().any(Result::is_err),
+        "a 1 s user timeout did not break the link to a peer computing for 3 s"
+    );
 }
 
 fn main() {
@@ -460,6 +597,11 @@ fn main() {
         common::trial(
             "sigstop_is_caught_under_the_default_timeout",
             sigstop_is_caught_under_the_default_timeout,
+            None,
+        ),
+        common::trial(
+            "a_resumed_rank_sees_what_arrived_while_it_was_stopped",
+            a_resumed_rank_sees_what_arrived_while_it_was_stopped,
             None,
         ),
         common::trial(
@@ -475,8 +617,11 @@ fn main() {
         common::trial("link_down_while_idle", link_down_while_idle, netns),
         common::trial("drop_all_during_transfer", drop_all_during_transfer, netns),
         common::trial("drop_all_while_idle", drop_all_while_idle, netns),
-        common::trial("measure_the_kernel_alone", measure_the_kernel_alone, netns)
-            .with_ignored_flag(true),
+        common::trial(
+            "the_kernel_alone_misses_what_heartbeats_catch",
+            the_kernel_alone_misses_what_heartbeats_catch,
+            netns,
+        ),
     ];
     common::run_trials(trials, worker);
 }

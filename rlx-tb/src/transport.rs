@@ -313,6 +313,20 @@ impl Transport for ThunderboltTransport {
         self.inner.send_failure(to, tag, failure)
     }
 
+    fn try_send_message(&self, to: u32, tag: Tag, parts: &[&[u8]], wait: Duration) -> Result<bool> {
+        self.inner.try_send_message(to, tag, parts, wait)
+    }
+
+    fn try_send_failure(
+        &self,
+        to: u32,
+        tag: Tag,
+        failure: Failure,
+        wait: Duration,
+    ) -> Result<bool> {
+        self.inner.try_send_failure(to, tag, failure, wait)
+    }
+
     fn op_timeout(&self) -> Duration {
         self.inner.op_timeout()
     }

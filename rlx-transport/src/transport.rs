@@ -138,6 +138,31 @@ pub trait Transport: Send + Sync {
         Ok(())
     }
 
+    /// Sends a message that must not wait behind a peer that does not read: the control
+    /// messages of the groups above (wait probes, their answers) go to ranks that may have
+    /// stopped or been cut off, whose sockets are full. `Ok(false)` when the message could not
+    /// start to leave within `wait`, and then nothing was sent and the link stays usable; once
+    /// it has started, it is finished as [`Transport::send_message`] would. The default sends
+    /// it as `send_message` does, which suits transports whose sends never wait on the peer.
+    fn try_send_message(&self, to: u32, tag: Tag, parts: &[&[u8]], wait: Duration) -> Result<bool> {
+        let _ = wait;
+        self.send_message(to, tag, parts).map(|()| true)
+    }
+
+    /// [`Transport::send_failure`] under the rule of [`Transport::try_send_message`]: the
+    /// groups' failure notices go to every member, and one member that does not read must not
+    /// hold them back from the others.
+    fn try_send_failure(
+        &self,
+        to: u32,
+        tag: Tag,
+        failure: Failure,
+        wait: Duration,
+    ) -> Result<bool> {
+        let _ = wait;
+        self.send_failure(to, tag, failure).map(|()| true)
+    }
+
     /// How long blocking calls without an explicit deadline wait ([`DEFAULT_OP_TIMEOUT`] unless
     /// the transport was configured otherwise).
     fn op_timeout(&self) -> Duration {

@@ -5,7 +5,7 @@ use clap::Args;
 use std::path::Path;
 use std::process::Command;
 
-use crate::cluster::ClusterArgs;
+use crate::cluster::{ClusterArgs, Scenario};
 use crate::cmd::{cargo, run_step, workspace_root};
 use crate::launch::{self, LaunchArgs};
 use crate::world::{TransportKind, WorldArgs};
@@ -94,7 +94,8 @@ pub(crate) fn run(args: &CiArgs) -> Result<(), String> {
 /// The collective matrix across real processes: TCP with 2, 3, 4 and 8 ranks and the threads
 /// of one process, the quick case list; then, as root, 4 Thunderbolt ranks in network
 /// namespaces joined by `thunderbolt0` links, and a rank killed mid-run whose survivors must
-/// all report it; three fault trials of each scenario of `--repeat` and a 60 s soak.
+/// all report it; three fault trials of each scenario of `--repeat`, two of each link cut in
+/// namespaces, and a 60 s soak.
 fn clusters() -> Result<(), String> {
     let mut runs: Vec<(String, ClusterArgs)> = [2, 3, 4, 8]
         .into_iter()
@@ -168,6 +169,21 @@ fn clusters() -> Result<(), String> {
                     netns: true,
                     ..WorldArgs::over(TransportKind::Tb)
                 },
+                ..ClusterArgs::ci()
+            },
+        ));
+        runs.push((
+            "fault trials in network namespaces, 2 of each way to cut a link (the cable \
+             pulled, every packet dropped)"
+                .to_owned(),
+            ClusterArgs {
+                ranks: 4,
+                world: WorldArgs {
+                    netns: true,
+                    ..WorldArgs::tcp()
+                },
+                repeat: Some(2),
+                scenario: vec![Scenario::Cut, Scenario::Drop],
                 ..ClusterArgs::ci()
             },
         ));

@@ -72,17 +72,12 @@ pub(crate) fn run(args: &FlightReportArgs) -> Result<(), String> {
 /// survivor was left in. (The survivors need not be in the fault point's collective: those that
 /// did not need the victim there went on to the next one.)
 pub(crate) fn check_names_faulty_rank(dir: &Path, victim: u32, ranks: u32) -> Result<(), String> {
-    let entries = read_dir(dir)?;
-    let report = diagnose(&entries, Some(ranks));
-    println!("\n{report}");
-    let _ = std::fs::remove_dir_all(dir);
+    let report = print_and_remove(dir, ranks)?;
     let named = report.contains(&format!("rank {victim}: left no record"))
         || report.contains(&format!("rank {victim} never entered"));
-    let survivors_named = (0..ranks).filter(|&r| r != victim).all(|r| {
-        report
-            .lines()
-            .any(|l| l.starts_with(&format!("  rank {r}: ")) && l.contains(" #"))
-    });
+    let survivors_named = (0..ranks)
+        .filter(|&r| r != victim)
+        .all(|r| names_operation_of(&report, r));
     if named && survivors_named {
         Ok(())
     } else {
@@ -90,6 +85,37 @@ pub(crate) fn check_names_faulty_rank(dir: &Path, victim: u32, ranks: u32) -> Re
             "the flight report does not name rank {victim} and every survivor's operation"
         ))
     }
+}
+
+/// Prints the report on the records in `dir` of a run in which a rank's link was cut, removes
+/// them, and checks that it names the operation every rank was left in. A rank cut off enters
+/// its operations as the others do, and each side sees the other go silent, so the records
+/// cannot single it out: its name comes from the survivors' errors.
+pub(crate) fn check_names_every_operation(dir: &Path, ranks: u32) -> Result<(), String> {
+    let report = print_and_remove(dir, ranks)?;
+    match (0..ranks).find(|&r| !names_operation_of(&report, r)) {
+        None => Ok(()),
+        Some(rank) => Err(format!(
+            "the flight report does not name the operation rank {rank} was left in"
+        )),
+    }
+}
+
+/// Prints the report on the records in `dir` of a world of `ranks`, removes them, and returns
+/// the report.
+fn print_and_remove(dir: &Path, ranks: u32) -> Result<String, String> {
+    let entries = read_dir(dir)?;
+    let report = diagnose(&entries, Some(ranks));
+    println!("\n{report}");
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(report)
+}
+
+/// Whether `report` names the operation rank `rank` was left in.
+fn names_operation_of(report: &str, rank: u32) -> bool {
+    report
+        .lines()
+        .any(|l| l.starts_with(&format!("  rank {rank}: ")) && l.contains(" #"))
 }
 
 /// Every entry of every `rank-*.jsonl` file in `dir`.

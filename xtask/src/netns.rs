@@ -104,6 +104,28 @@ impl Topology {
     pub(crate) fn namespace_of(&self, rank: u32) -> Option<&str> {
         self.ranks.get(rank as usize).map(String::as_str)
     }
+
+    /// Takes `rank`'s link away for good. With `drop_all`, both ends of its cable drop every
+    /// packet (a `pfifo` queue of length 0 replaces the root qdisc, and any rate limit with it:
+    /// this kernel has neither the `prio` qdisc nor the drop action of `matchall`); the link
+    /// stays up. Otherwise its switch port goes down, as when a cable is pulled.
+    pub(crate) fn cut(&self, rank: u32, drop_all: bool) -> Result<(), String> {
+        let ns = self
+            .namespace_of(rank)
+            .ok_or_else(|| format!("there is no namespace of rank {rank} to cut"))?;
+        let hub_end = format!("v{rank}");
+        if drop_all {
+            for (ns, dev) in [(ns, IFNAME), (self.hub.as_str(), hub_end.as_str())] {
+                run(Command::new("ip").args([
+                    "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "pfifo",
+                    "limit", "0",
+                ]))?;
+            }
+            Ok(())
+        } else {
+            ip(&["-n", &self.hub, "link", "set", &hub_end, "down"]).map(|_| ())
+        }
+    }
 }
 
 impl Drop for Topology {

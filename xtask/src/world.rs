@@ -219,6 +219,15 @@ impl World {
         })
     }
 
+    /// Takes `rank`'s link away (see [`Topology::cut`]); only `--netns` worlds have links to
+    /// cut.
+    pub(crate) fn cut_link(&self, rank: u32, drop_all: bool) -> Result<(), String> {
+        match &self.topology {
+            Some(topology) => topology.cut(rank, drop_all),
+            None => Err("only a --netns world has links to cut".to_owned()),
+        }
+    }
+
     /// The network namespace of `rank`, in `--netns` worlds.
     pub(crate) fn namespace_of(&self, rank: u32) -> Option<&str> {
         self.topology.as_ref()?.namespace_of(rank)

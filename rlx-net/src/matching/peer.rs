@@ -14,7 +14,8 @@ pub(crate) enum Holder {
     Free,
     /// A receiving thread, for its posted receive.
     Receiver(PostId),
-    /// A sending thread reading while its own write would block.
+    /// A caller's thread reading links for nobody in particular: a send whose own write
+    /// would block, or a catch-up after this process was stopped.
     Sender,
     /// The background watcher.
     Background,

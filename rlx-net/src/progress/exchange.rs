@@ -86,7 +86,7 @@ impl Engine {
             holds,
             done: false,
         };
-        let sent = self.send_with(to, FrameKind::Data, tag, parts, Some(&mut companion));
+        let sent = self.send_with(to, FrameKind::Data, tag, parts, Some(&mut companion), None);
         let holding = companion.reading();
         if let Err(error) = sent {
             if holding {

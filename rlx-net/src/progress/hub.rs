@@ -290,6 +290,47 @@ impl Hub {
 }
 
 impl Hub {
+    /// Takes the reader role of every link that is free and not parked, for a catch-up that
+    /// reads them all once. Links the background watcher holds are asked for (marked wanted,
+    /// the watcher kicked) and waited for until `deadline`; links a receiver or a blocked
+    /// sender holds are left to it, and so are links another thread already asked for.
+    /// Returns the links taken, as `(peer, link)`; the caller releases them.
+    pub(crate) fn take_for_sweep<L: Links>(
+        &self,
+        links: &L,
+        deadline: Instant,
+    ) -> Vec<(u32, usize)> {
+        let mut taken = Vec::new();
+        let mut st = lock(&self.state);
+        loop {
+            let mut waiting = false;
+            for (rank, peer) in st.peers.iter_mut().enumerate() {
+                if peer.lost.is_some() || rank as u32 == self.rank {
+                    continue;
+                }
+                for (k, slot) in peer.links.iter_mut().enumerate() {
+                    match slot.holder {
+                        Holder::Free if !slot.parked && !slot.wanted => {
+                            slot.holder = Holder::Sender;
+                            taken.push((rank as u32, k));
+                        }
+                        Holder::Background => {
+                            slot.wanted = true;
+                            waiting = true;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            let now = links.now();
+            if !waiting || now >= deadline {
+                return taken;
+            }
+            links.kick_watcher();
+            st = self.sleep(st, deadline - now);
+        }
+    }
+
     /// Gives up the reader role of every link to `from` that this thread held, and wakes the
     /// threads that may want them.
     pub(crate) fn release_links<L: Links>(&self, links: &L, from: u32) {

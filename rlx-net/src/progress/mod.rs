@@ -24,12 +24,14 @@
 //!
 //! Layout: this file holds the [`Engine`], its construction, failure and close; `hub.rs` the
 //! socket-free matching state, wake-up rule and receive loop (the part the loom models check);
-//! `recv.rs` the engine's socket side of that loop; `service.rs` the link service that lands
+//! `recv.rs` the engine's socket side of that loop; `catch_up.rs` the reading of every link
+//! after this process was stopped; `service.rs` the link service that lands
 //! frames; `send.rs` the send path; `exchange.rs` a send and a receive run together by one
 //! thread; `traffic.rs` the byte counters; `watch.rs` the background watcher; `heartbeat.rs`
 //! the heartbeats and the silence rule; `link.rs` the per-peer sockets and link state;
 //! `socket.rs` the OS calls (`poll(2)`, vectored sends, wake-up sockets).
 
+mod catch_up;
 mod exchange;
 mod heartbeat;
 mod hub;
@@ -54,6 +56,7 @@ use crate::sync::{AtomicBool, Mutex, lock};
 
 pub(crate) use heartbeat::DEFAULT_HEARTBEAT;
 
+use self::catch_up::CatchUp;
 use self::traffic::TrafficCounters;
 
 pub(crate) use hub::Hub;
@@ -83,6 +86,7 @@ pub(crate) struct Engine {
     watch_kicked: AtomicBool,
     self_seq: Mutex<u64>,
     traffic: TrafficCounters,
+    catch_up: CatchUp,
 }
 
 impl Engine {
@@ -124,6 +128,7 @@ impl Engine {
             watch_kicked: AtomicBool::new(false),
             self_seq: Mutex::new(0),
             traffic: TrafficCounters::default(),
+            catch_up: CatchUp::new(),
         })
     }
 

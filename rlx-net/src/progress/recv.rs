@@ -18,7 +18,9 @@ use super::socket::{POLL_FDS, WakeWrite, poll, pollfd};
 
 impl Engine {
     /// Receives the next message from `from` under `tag`, landing it in `buf` when one is
-    /// given. `Ok(None)` at the deadline.
+    /// given. `Ok(None)` at the deadline. A receive that will not wait first catches up on
+    /// every link if this process was stopped (`catch_up.rs`), so that it sees what arrived
+    /// meanwhile.
     pub(crate) fn recv(
         &self,
         from: u32,
@@ -26,6 +28,9 @@ impl Engine {
         buf: Option<&mut [u8]>,
         timeout: Duration,
     ) -> Result<Option<Outcome>, CollectiveError> {
+        if timeout.is_zero() {
+            self.catch_up_if_needed();
+        }
         self.hub.recv(self, from, tag, buf, timeout)
     }
 }

@@ -11,7 +11,7 @@ use rlx_transport::{CollectiveError, Failure, Tag};
 use crate::error::Lost;
 use crate::frame::{FrameHeader, FrameKind, HEADER_LEN, Striping};
 use crate::matching::Holder;
-use crate::sync::lock;
+use crate::sync::{Mutex, MutexGuard, TryLockError, lock};
 
 use super::Engine;
 use super::exchange::Companion;
@@ -39,11 +39,28 @@ impl Engine {
         tag: Tag,
         parts: &[&[u8]],
     ) -> Result<(), CollectiveError> {
-        self.send_with(to, kind, tag, parts, None)
+        self.send_with(to, kind, tag, parts, None, None).map(|_| ())
+    }
+
+    /// [`Engine::send`] of a message that must not wait behind a peer that does not read:
+    /// `Ok(false)` when its first byte could not leave within `wait` (another send to `to`
+    /// holds the links that long, or the peer's socket stays full), and then nothing was sent
+    /// and the link stays usable. Once a byte has left, the message is finished as
+    /// [`Engine::send`] would.
+    pub(crate) fn try_send(
+        &self,
+        to: u32,
+        kind: FrameKind,
+        tag: Tag,
+        parts: &[&[u8]],
+        wait: Duration,
+    ) -> Result<bool, CollectiveError> {
+        self.send_with(to, kind, tag, parts, None, Some(Instant::now() + wait))
     }
 
     /// [`Engine::send`], reading the links of an exchange's receive meanwhile when one is
-    /// given (see [`Companion`]).
+    /// given (see [`Companion`]), and giving up before the first byte at `first_byte_by` when
+    /// that is given (`Ok(false)`, see [`Engine::try_send`]).
     pub(super) fn send_with(
         &self,
         to: u32,
@@ -51,7 +68,8 @@ impl Engine {
         tag: Tag,
         parts: &[&[u8]],
         mut companion: Option<&mut Companion<'_>>,
-    ) -> Result<(), CollectiveError> {
+        first_byte_by: Option<Instant>,
+    ) -> Result<bool, CollectiveError> {
         self.check_rank(to)?;
         if self.is_aborted() {
             return Err(CollectiveError::Aborted);
@@ -64,13 +82,19 @@ impl Engine {
             )));
         }
         if to == self.rank {
-            return self.send_to_self(kind, tag, parts);
+            return self.send_to_self(kind, tag, parts).map(|()| true);
         }
         let io = self.peer_io(to)?;
         if let Some(lost) = lock(&self.hub.state).peers[to as usize].lost.clone() {
             return Err(lost.error(to));
         }
-        let mut tx = lock(&io.tx);
+        let mut tx = match first_byte_by {
+            None => lock(&io.tx),
+            Some(by) => match try_lock_until(&io.tx, by) {
+                Some(tx) => tx,
+                None => return Ok(false),
+            },
+        };
         let seq = tx.next_seq;
         let stripes = match kind {
             FrameKind::Data => Striping::new(total, io.links.len(), self.cfg.min_striped),
@@ -144,6 +168,9 @@ impl Engine {
                 return Err(lost.error(to));
             }
             let now = Instant::now();
+            if !started && first_byte_by.is_some_and(|by| now >= by) {
+                return Ok(false);
+            }
             if deadline.is_some_and(|d| now >= d) {
                 let after = self.cfg.op_timeout;
                 if started {
@@ -179,13 +206,17 @@ impl Engine {
                     continue;
                 }
             }
-            self.wait_writable(io, pending, deadline.map(|d| d - now));
+            let until = match first_byte_by.filter(|_| !started) {
+                Some(by) => Some(deadline.map_or(by, |d| d.min(by))),
+                None => deadline,
+            };
+            self.wait_writable(io, pending, until.map(|d| d.saturating_duration_since(now)));
         }
         tx.next_seq += 1;
         if kind == FrameKind::Data {
             self.traffic.sent(total);
         }
-        Ok(())
+        Ok(true)
     }
 
     fn send_to_self(
@@ -328,6 +359,21 @@ impl Engine {
         }
         if !held.is_empty() {
             self.hub.wake();
+        }
+    }
+}
+
+/// Takes `mutex` if it becomes free before `by`: another send to the same peer holds it for as
+/// long as that peer does not read, and a message that must not wait gives up instead.
+fn try_lock_until<T>(mutex: &Mutex<T>, by: Instant) -> Option<MutexGuard<'_, T>> {
+    loop {
+        match mutex.try_lock() {
+            Ok(guard) => return Some(guard),
+            Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) if Instant::now() < by => {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(TryLockError::WouldBlock) => return None,
         }
     }
 }

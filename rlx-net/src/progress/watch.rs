@@ -1,6 +1,7 @@
 //! The background watcher: polls links no caller has touched for a little while, drains them
 //! into the unexpected budget and notices a lost peer even when nobody waits for it; it also
-//! runs the heartbeat monitor (`heartbeat.rs`).
+//! runs the heartbeat monitor (`heartbeat.rs`), and records when its rounds began, so that a
+//! process that was stopped catches up before it looks (`catch_up.rs`).
 
 use std::io::Read;
 use std::os::fd::AsRawFd;
@@ -25,7 +26,9 @@ impl Engine {
         let mut held: Vec<(u32, usize)> = Vec::new();
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut pulse = Pulse::new(self);
+        let mut previous = Instant::now();
         while !self.is_aborted() {
+            let began = Instant::now();
             if let Some(pulse) = pulse.as_mut() {
                 pulse.tick(self);
             }
@@ -93,6 +96,8 @@ impl Engine {
                 self.hub.wake();
             }
             self.drain_held(&readable);
+            self.catch_up.watcher_round(previous, began);
+            previous = began;
         }
     }
 }

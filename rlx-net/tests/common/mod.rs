@@ -243,6 +243,18 @@ pub(crate) fn thread_count() -> usize {
     std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
 }
 
+/// Whether process `pid` is stopped (state `T` in `/proc/PID/stat`, after the command name,
+/// which may itself hold spaces and parentheses).
+pub(crate) fn is_stopped(pid: libc::pid_t) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+            Some(state == 'T')
+        })
+        .unwrap_or(false)
+}
+
 /// A deterministic byte pattern for message `index` of `len` bytes from `from`.
 pub(crate) fn pattern(from: u32, index: u64, len: usize) -> Vec<u8> {
     let mut x = (u64::from(from) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)

@@ -662,6 +662,20 @@ impl<T: Transport + 'static> Transport for Symmetric<T> {
         self.shared.inner.send_failure(to, tag, failure)
     }
 
+    fn try_send_message(&self, to: u32, tag: Tag, parts: &[&[u8]], wait: Duration) -> Result<bool> {
+        self.shared.inner.try_send_message(to, tag, parts, wait)
+    }
+
+    fn try_send_failure(
+        &self,
+        to: u32,
+        tag: Tag,
+        failure: Failure,
+        wait: Duration,
+    ) -> Result<bool> {
+        self.shared.inner.try_send_failure(to, tag, failure, wait)
+    }
+
     fn op_timeout(&self) -> Duration {
         self.shared.inner.op_timeout()
     }

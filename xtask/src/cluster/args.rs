@@ -22,13 +22,26 @@ pub(crate) struct ClusterArgs {
     /// Kill rank RANK (SIGKILL) at POINT: a case index, OP or OP:NTH for the start of the NTH
     /// (from 0, the default) group of collective OP, a group being one dtype and size (e.g.
     /// 2@all_reduce:3).
-    #[arg(long, value_name = "RANK@POINT", conflicts_with = "stall")]
+    #[arg(long, value_name = "RANK@POINT", conflicts_with_all = ["stall", "cut", "drop"])]
     pub(crate) kill: Option<Target>,
     /// Freeze rank RANK at POINT (same syntax as --kill); survivors must time out (or lose a
     /// peer that timed out). A rank of its own process stops with SIGSTOP; once every survivor
     /// has reported, the launcher resumes it (SIGCONT) and it too must fail, in time.
-    #[arg(long, value_name = "RANK@POINT")]
+    #[arg(long, value_name = "RANK@POINT", conflicts_with_all = ["cut", "drop"])]
     pub(crate) stall: Option<Target>,
+    /// Pull rank RANK's cable at POINT (same syntax as --kill; needs --netns): its switch port
+    /// goes down. Survivors must name it; the rank itself, cut off, must fail too.
+    #[arg(
+        long,
+        value_name = "RANK@POINT",
+        requires = "netns",
+        conflicts_with = "drop"
+    )]
+    pub(crate) cut: Option<Target>,
+    /// Make rank RANK's link drop every packet at POINT (a `tc` rule on both ends; needs
+    /// --netns). Judged as --cut.
+    #[arg(long, value_name = "RANK@POINT", requires = "netns")]
+    pub(crate) drop: Option<Target>,
     /// Run the whole case list this many times.
     #[arg(long, default_value_t = 1)]
     pub(crate) iters: u32,
@@ -48,11 +61,12 @@ pub(crate) struct ClusterArgs {
     /// case list runs once more on the world of all N ranks.
     #[arg(long, requires = "shrink")]
     pub(crate) rejoin: bool,
-    /// The ranks' operation timeout (RLX_TIMEOUT_MS); defaults to 2000 with --stall.
+    /// The ranks' operation timeout (RLX_TIMEOUT_MS); defaults to 2000 with --stall, --cut
+    /// and --drop.
     #[arg(long)]
     pub(crate) timeout_ms: Option<u64>,
-    /// Seconds within which every survivor must report its error after a kill or stall
-    /// (added to the operation timeout for a stall).
+    /// Seconds within which every survivor must report its error after a fault (added to the
+    /// operation timeout for a stall or a cut link).
     #[arg(long, default_value_t = 10)]
     pub(crate) fault_bound: u64,
     /// A smaller case list (fewer sizes), for CI.
@@ -64,13 +78,13 @@ pub(crate) struct ClusterArgs {
     /// Fault trials instead of one run: N trials of each scenario (see --scenario), each a run
     /// of the quick case list with one fault at a random rank and point drawn from --seed,
     /// and a summary line per scenario.
-    #[arg(long, value_name = "N", conflicts_with_all = ["kill", "stall", "shrink", "json"])]
+    #[arg(long, value_name = "N", conflicts_with_all = ["kill", "stall", "cut", "drop", "shrink", "json"])]
     pub(crate) repeat: Option<u32>,
     /// A soak instead of the case list: a random mix of collectives, sizes up to 64 MiB,
     /// dtypes and reductions, with non-blocking operations in flight, every result checked,
     /// for this long (`90s`, `20m`, `1h`); fails if a rank's memory, file descriptors or
     /// threads grow from the first minute to the last beyond stated bounds.
-    #[arg(long, value_parser = parse_duration, conflicts_with_all = ["kill", "stall", "shrink", "repeat"])]
+    #[arg(long, value_parser = parse_duration, conflicts_with_all = ["kill", "stall", "cut", "drop", "shrink", "repeat"])]
     pub(crate) duration: Option<Duration>,
     /// The scenarios of --repeat (comma-separated; default: all).
     #[arg(long, value_enum, value_delimiter = ',', requires = "repeat")]
@@ -85,6 +99,8 @@ impl ClusterArgs {
             world: WorldArgs::tcp(),
             kill: None,
             stall: None,
+            cut: None,
+            drop: None,
             iters: 1,
             seed: 1,
             timeout: 300,
@@ -101,31 +117,33 @@ impl ClusterArgs {
     }
 
     pub(super) fn fault(&self) -> Option<Fault> {
-        match (&self.kill, &self.stall) {
-            (Some(target), _) => Some(Fault {
-                kind: FaultKind::Kill,
+        [
+            (FaultKind::Kill, &self.kill),
+            (FaultKind::Stall, &self.stall),
+            (FaultKind::Cut, &self.cut),
+            (FaultKind::Drop, &self.drop),
+        ]
+        .into_iter()
+        .find_map(|(kind, target)| {
+            target.as_ref().map(|target| Fault {
+                kind,
                 target: target.clone(),
-            }),
-            (None, Some(target)) => Some(Fault {
-                kind: FaultKind::Stall,
-                target: target.clone(),
-            }),
-            (None, None) => None,
-        }
+            })
+        })
     }
 }
 
 /// How long after the fault every survivor has to report it (or, with `--shrink`, to hold
-/// its new group): `--fault-bound`, plus the operation timeout for a stall (the survivors
-/// learn of it from their timeout), and once more with `--shrink` (the shrink waits that long
-/// for the stalled rank's answer).
+/// its new group): `--fault-bound`, plus the operation timeout for a stall or a cut link (the
+/// survivors may learn of it from their timeout), and once more with `--shrink` (the shrink
+/// waits that long for the silent rank's answer).
 pub(super) fn fault_bound(fault: &Fault, timeout_ms: Option<u64>, args: &ClusterArgs) -> Duration {
     let timeout = Duration::from_millis(timeout_ms.unwrap_or(0));
     Duration::from_secs(args.fault_bound)
         + match (fault.kind, args.shrink) {
-            (FaultKind::Stall, false) => timeout,
-            (FaultKind::Stall, true) => timeout * 2,
             (FaultKind::Kill, _) => Duration::ZERO,
+            (_, false) => timeout,
+            (_, true) => timeout * 2,
         }
 }
 
@@ -140,18 +158,38 @@ pub(crate) enum Scenario {
     /// SIGKILL of rank 0, the rendezvous host: in every other trial during the rendezvous,
     /// else at a random point of the run.
     KillRoot,
+    /// A random rank's cable pulled (its switch port down) at a random point, with a 3 s
+    /// operation timeout; needs --netns.
+    Cut,
+    /// A random rank's link made to drop every packet at a random point, with a 3 s operation
+    /// timeout; needs --netns.
+    Drop,
 }
 
 impl Scenario {
-    /// Every scenario, in the order they run by default.
-    pub(crate) const ALL: [Scenario; 3] = [Scenario::Kill, Scenario::Stall, Scenario::KillRoot];
+    /// The scenarios that run by default: every one, those that cut links only with
+    /// `--netns`.
+    pub(crate) fn defaults(netns: bool) -> Vec<Scenario> {
+        let mut all = vec![Scenario::Kill, Scenario::Stall, Scenario::KillRoot];
+        if netns {
+            all.extend([Scenario::Cut, Scenario::Drop]);
+        }
+        all
+    }
 
     pub(super) fn name(self) -> &'static str {
         match self {
             Scenario::Kill => "kill",
             Scenario::Stall => "stall",
             Scenario::KillRoot => "kill-root",
+            Scenario::Cut => "cut",
+            Scenario::Drop => "drop",
         }
+    }
+
+    /// Whether the scenario cuts links, which needs network namespaces.
+    pub(super) fn needs_netns(self) -> bool {
+        matches!(self, Scenario::Cut | Scenario::Drop)
     }
 }
 

@@ -2,13 +2,14 @@
 //! the verdict on what the survivors reported.
 //!
 //! A survivor's error is right when it is of a kind the fault explains (`PeerLost` or a
-//! peer's failure notice for a kill; also `Timeout` for a stall) and it names the victim — or,
-//! after a kill, names another survivor whose own error is right. The second case is how a
-//! lost peer travels in a ring: rank 3 loses rank 2 and tells rank 0, which was waiting on
-//! rank 3, not rank 2. A stall must be named directly: a rank that times out follows the chain
-//! of waits to the rank that does not answer, so a survivor naming another survivor blamed a
-//! rank that was only waiting itself. A rank killed during the rendezvous leaves the others a
-//! bootstrap error, which is right when it names the victim.
+//! peer's failure notice for a kill; also `Timeout` for a stall or a cut link) and it names
+//! the victim — or, after a kill, names another survivor whose own error is right. The second
+//! case is how a lost peer travels in a ring: rank 3 loses rank 2 and tells rank 0, which was
+//! waiting on rank 3, not rank 2. A stall or a cut link must be named directly: a rank that
+//! times out follows the chain of waits to the rank that does not answer, and the heartbeat
+//! names the rank that went silent, so a survivor naming another survivor blamed a rank that
+//! was only waiting itself. A rank killed during the rendezvous leaves the others a bootstrap
+//! error, which is right when it names the victim.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -28,15 +29,47 @@ pub(crate) enum FaultKind {
     /// threads too) until the launcher resumes it; an in-process rank stops calling into the
     /// transport for good.
     Stall,
+    /// The rank's cable is pulled (`--netns` only): its switch port goes down
+    /// (`ip link set … down`), so nothing gets in or out, and no reset is ever sent.
+    Cut,
+    /// The rank's link drops every packet (`--netns` only): a `tc` rule on both ends of its
+    /// cable, as a firewall or a broken switch would; the link itself stays up.
+    Drop,
 }
 
 impl FaultKind {
-    /// `"kill"` or `"stall"`.
+    /// `"kill"`, `"stall"`, `"cut"` or `"drop"`.
     pub(crate) fn name(self) -> &'static str {
         match self {
             FaultKind::Kill => "kill",
             FaultKind::Stall => "stall",
+            FaultKind::Cut => "cut",
+            FaultKind::Drop => "drop",
         }
+    }
+
+    /// The kind named `name` (see [`FaultKind::name`]).
+    fn named(name: &str) -> Option<FaultKind> {
+        [
+            FaultKind::Kill,
+            FaultKind::Stall,
+            FaultKind::Cut,
+            FaultKind::Drop,
+        ]
+        .into_iter()
+        .find(|kind| kind.name() == name)
+    }
+
+    /// Whether the fault takes the victim's link away while the victim runs on: it must then
+    /// fail by itself, as the survivors do.
+    pub(crate) fn cuts_the_link(self) -> bool {
+        matches!(self, FaultKind::Cut | FaultKind::Drop)
+    }
+
+    /// Whether the victim lives on and must fail cleanly too: a stalled rank once resumed, a
+    /// rank whose link was taken away.
+    pub(crate) fn victim_lives_on(self) -> bool {
+        self != FaultKind::Kill
     }
 
     /// Whether a survivor's error of kind `kind` (an [`ErrorRecord::kind`]) can be caused by
@@ -49,7 +82,7 @@ impl FaultKind {
                 kind,
                 "peer_lost" | "peer_failed" | "group_failed" | "bootstrap"
             ),
-            FaultKind::Stall => {
+            FaultKind::Stall | FaultKind::Cut | FaultKind::Drop => {
                 matches!(
                     kind,
                     "peer_lost" | "peer_failed" | "group_failed" | "timeout"
@@ -155,11 +188,7 @@ impl Fault {
         let (kind, target) = s
             .split_once(':')
             .ok_or_else(|| format!("{s:?} is not KIND:RANK@POINT"))?;
-        let kind = match kind {
-            "kill" => FaultKind::Kill,
-            "stall" => FaultKind::Stall,
-            other => return Err(format!("unknown fault kind {other:?}")),
-        };
+        let kind = FaultKind::named(kind).ok_or_else(|| format!("unknown fault kind {kind:?}"))?;
         Ok(Fault {
             kind,
             target: target.parse()?,
@@ -226,9 +255,10 @@ fn explained(
     }
     match error.peer {
         Some(peer) if peer == victim => Ok(()),
-        Some(peer) if kind == FaultKind::Stall => Err(format!(
-            "rank {rank} blamed rank {peer}, which was waiting itself, for the stall of rank \
+        Some(peer) if kind != FaultKind::Kill => Err(format!(
+            "rank {rank} blamed rank {peer}, which was waiting itself, for the {} of rank \
              {victim}: {}",
+            kind.name(),
             error.message
         )),
         Some(peer) if visited.insert(rank) && errors.contains_key(&peer) => {
@@ -289,11 +319,19 @@ mod tests {
         for bad in ["2", "x@1", "2@", "2@all reduce", "2@op:x"] {
             assert!(bad.parse::<Target>().is_err(), "{bad}");
         }
-        let fault = Fault {
-            kind: FaultKind::Stall,
-            target: "3@all_gather:2".parse().unwrap(),
-        };
-        assert_eq!(Fault::from_arg(&fault.to_arg()).unwrap(), fault);
+        for kind in [
+            FaultKind::Kill,
+            FaultKind::Stall,
+            FaultKind::Cut,
+            FaultKind::Drop,
+        ] {
+            let fault = Fault {
+                kind,
+                target: "3@all_gather:2".parse().unwrap(),
+            };
+            assert_eq!(Fault::from_arg(&fault.to_arg()).unwrap(), fault);
+        }
+        assert!(Fault::from_arg("melt:1@2").is_err());
     }
 
     #[test]
@@ -342,7 +380,9 @@ mod tests {
         assert!(judge(FaultKind::Stall, 2, &errors)[&0].is_ok());
         // A stall is named directly: blaming a survivor that blames the victim is wrong.
         let errors = BTreeMap::from([(0, err("group_failed", 3)), (3, err("timeout", 2))]);
-        let verdict = judge(FaultKind::Stall, 2, &errors);
-        assert!(verdict[&0].is_err() && verdict[&3].is_ok(), "{verdict:?}");
+        for kind in [FaultKind::Stall, FaultKind::Cut, FaultKind::Drop] {
+            let verdict = judge(kind, 2, &errors);
+            assert!(verdict[&0].is_err() && verdict[&3].is_ok(), "{verdict:?}");
+        }
     }
 }

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use crate::flight_report;
 use crate::job::{ChildSpec, Job};
 use crate::world::{self, TransportKind, World};
-pub(crate) use args::ClusterArgs;
+pub(crate) use args::{ClusterArgs, Scenario};
 use fault::{Fault, FaultKind, Point};
 use monitor::Monitor;
 
@@ -77,8 +77,9 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), String> {
                 .to_owned(),
         );
     }
-    let stall = matches!(&fault, Some(f) if f.kind == FaultKind::Stall);
-    let timeout_ms = args.timeout_ms.or(stall.then_some(2000));
+    // A victim that goes silent is noticed by an operation timeout: keep it short.
+    let silent = matches!(&fault, Some(f) if f.kind.victim_lives_on());
+    let timeout_ms = args.timeout_ms.or(silent.then_some(2000));
     let config = args.world.config(args.ranks, timeout_ms);
     config.validate()?;
     // Build first: a long build must not hold network namespaces or ports.
@@ -154,6 +155,7 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), String> {
     }
     let result = supervise(
         args,
+        Some(&world),
         &specs,
         fault.as_ref(),
         timeout_ms,
@@ -164,9 +166,11 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), String> {
     result
 }
 
-/// Starts the ranks of `specs`, watches them to the end, reaps them and judges the run.
+/// Starts the ranks of `specs` (of `world`, when they run in one the launcher prepared),
+/// watches them to the end, reaps them and judges the run.
 fn supervise(
     args: &ClusterArgs,
+    world: Option<&World>,
     specs: &[ChildSpec],
     fault: Option<&Fault>,
     timeout_ms: Option<u64>,
@@ -182,11 +186,19 @@ fn supervise(
     // The flight report is read while the victim of a stall is still stopped: once resumed,
     // it records the operation it stopped before, as the survivors did.
     let mut check_flight = || match (flight_dir, fault) {
+        (Some(dir), Some(fault)) if fault.kind.cuts_the_link() => {
+            flight_report::check_names_every_operation(dir, args.ranks)
+                .map_err(|e| format!("{e} ({})", fault.target))
+        }
         (Some(dir), Some(fault)) => {
             flight_report::check_names_faulty_rank(dir, fault.target.rank, args.ranks)
                 .map_err(|e| format!("{e} ({})", fault.target))
         }
         _ => Ok(()),
+    };
+    let mut cut_link = |rank: u32, kind: FaultKind| match world {
+        Some(world) => world.cut_link(rank, kind == FaultKind::Drop),
+        None => Err("there is no world whose links could be cut".to_owned()),
     };
     let mut monitor = Monitor::run(
         &mut job,
@@ -194,7 +206,10 @@ fn supervise(
         fault,
         timeout_ms,
         replacement,
-        &mut check_flight,
+        &mut monitor::FaultHooks {
+            before_resume: &mut check_flight,
+            cut_link: &mut cut_link,
+        },
     );
     // Ranks that reported exit once their stdin closes; after a hang or a fault there is
     // nothing to wait for.

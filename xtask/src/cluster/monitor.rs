@@ -12,6 +12,14 @@ use super::view::{End, RankView, Shrunk};
 use crate::job::{ChildSpec, Job, Output, Stream};
 use crate::world::TransportKind;
 
+/// What the launcher does for the monitor at two moments of a fault.
+pub(super) struct FaultHooks<'a> {
+    /// Called just before a stalled victim is resumed (the flight report is read then).
+    pub(super) before_resume: &'a mut dyn FnMut() -> Result<(), String>,
+    /// Takes rank `rank`'s link away as fault `kind` does (`--cut`, `--drop`).
+    pub(super) cut_link: &'a mut dyn FnMut(u32, FaultKind) -> Result<(), String>,
+}
+
 /// The launcher's view of the whole job while it runs, and its verdict afterwards.
 pub(super) struct Monitor {
     pub(super) ranks: Vec<RankView>,
@@ -41,6 +49,8 @@ pub(super) struct Monitor {
     pub(super) flight: Option<Result<(), String>>,
     /// With a `bootstrap:MS` kill: whether the victim had not joined yet when it was killed.
     pub(super) killed_in_bootstrap: Option<bool>,
+    /// Why the victim's link could not be cut, if it could not.
+    pub(super) cut_failed: Option<String>,
 }
 
 impl Monitor {
@@ -50,7 +60,7 @@ impl Monitor {
         fault: Option<&Fault>,
         timeout_ms: Option<u64>,
         replacement: Option<ChildSpec>,
-        before_resume: &mut dyn FnMut() -> Result<(), String>,
+        hooks: &mut FaultHooks<'_>,
     ) -> Monitor {
         let mut monitor = Monitor {
             replacement,
@@ -67,6 +77,7 @@ impl Monitor {
             resuming: None,
             flight: None,
             killed_in_bootstrap: None,
+            cut_failed: None,
         };
         let deadline = Instant::now() + Duration::from_secs(args.timeout);
         let fault_bound = fault.map_or(Duration::ZERO, |f| fault_bound(f, timeout_ms, args));
@@ -85,7 +96,7 @@ impl Monitor {
                 monitor.kill_in_bootstrap(job, victim);
             }
             if monitor.ranks.iter().all(|r| r.end.is_some())
-                && !monitor.resume_victim(job, before_resume)
+                && !monitor.resume_victim(job, hooks.before_resume)
             {
                 break;
             }
@@ -121,7 +132,7 @@ impl Monitor {
                     .min(Duration::from_millis(100))
             });
             if let Some(output) = job.next(wait) {
-                monitor.observe(job, output, fault, &mut progress);
+                monitor.observe(job, output, fault, hooks, &mut progress);
             }
             progress.update(&monitor.status_lines());
         }
@@ -206,6 +217,7 @@ impl Monitor {
         job: &mut Job,
         output: Output,
         fault: Option<&Fault>,
+        hooks: &mut FaultHooks<'_>,
         progress: &mut Progress,
     ) {
         match output {
@@ -214,7 +226,7 @@ impl Monitor {
                 stream: Stream::Stdout,
                 text,
             } => match serde_json::from_str::<Event>(&text) {
-                Ok(event) => self.apply(job, child, event, fault),
+                Ok(event) => self.apply(job, child, event, fault, hooks),
                 Err(_) => self.log(child, job.label(child), &text, progress),
             },
             Output::Line {
@@ -261,7 +273,14 @@ impl Monitor {
         progress.log(&format!("[{label}] {text}"));
     }
 
-    fn apply(&mut self, job: &mut Job, child: usize, event: Event, fault: Option<&Fault>) {
+    fn apply(
+        &mut self,
+        job: &mut Job,
+        child: usize,
+        event: Event,
+        fault: Option<&Fault>,
+        hooks: &mut FaultHooks<'_>,
+    ) {
         let rank = event.rank();
         let Some(view) = self.ranks.get_mut(rank as usize) else {
             return;
@@ -278,9 +297,21 @@ impl Monitor {
                 view.records.push(case);
             }
             Event::Fault { kind, index, .. } => {
-                let expected =
-                    fault.is_some_and(|f| f.target.rank == rank && f.kind.name() == kind);
-                if expected {
+                let expected = fault.filter(|f| f.target.rank == rank && f.kind.name() == kind);
+                if let Some(f) = expected.filter(|f| f.kind.cuts_the_link()) {
+                    // The victim runs on, cut off, and must fail by itself: it waits for the
+                    // word that its link is gone, then goes into the operation.
+                    match (hooks.cut_link)(rank, f.kind) {
+                        Ok(()) => {
+                            if let Err(why) = job.send_line(child, "cut") {
+                                self.cut_failed = Some(why);
+                            }
+                        }
+                        Err(why) => self.cut_failed = Some(why),
+                    }
+                    self.fault_at = Some(Instant::now());
+                    self.fault_index = Some(index);
+                } else if expected.is_some() {
                     if kind == FaultKind::Kill.name() && !self.mem {
                         job.kill(child);
                     }

@@ -12,11 +12,12 @@ use super::shrink;
 use super::table;
 use super::view::End;
 
-/// What a fault did, for the JSON report: one entry per survivor, and the resumed victim's.
+/// What a fault did, for the JSON report: one entry per survivor, and the victim's when it
+/// lived through the fault (resumed from a stall, or cut off).
 #[derive(Debug, Default)]
 struct FaultOutcome {
     survivors: Vec<serde_json::Value>,
-    resumed: Option<serde_json::Value>,
+    live_victim: Option<serde_json::Value>,
 }
 
 impl Monitor {
@@ -95,6 +96,9 @@ impl Monitor {
                     tail.join(" | ")
                 ));
             }
+        }
+        if let Some(why) = &self.cut_failed {
+            problems.push(format!("FAULT: the victim's link could not be cut: {why}"));
         }
         let mut outcome = FaultOutcome::default();
         let verdicts = match fault {
@@ -239,36 +243,54 @@ impl Monitor {
             }
         }
         if let Some(resumed_at) = self.resumed_at {
-            lines.push(self.judge_resumed(victim, resumed_at, problems, outcome));
+            lines.push(self.judge_live_victim(fault, resumed_at, problems, outcome));
+        } else if fault.kind.cuts_the_link() {
+            lines.push(self.judge_live_victim(fault, fault_at, problems, outcome));
         }
         lines
     }
 
-    /// Judges the victim of a stall after it was resumed: it must fail (a hang or a crash is
-    /// reported as such already); returns its verdict line.
-    fn judge_resumed(
+    /// Judges the victim of a fault it lives through, from `since` (its resumption after a
+    /// stall, or the cut of its link): it must fail (a hang or a crash is reported as such
+    /// already); returns its verdict line.
+    fn judge_live_victim(
         &self,
-        victim: u32,
-        resumed_at: Instant,
+        fault: &Fault,
+        since: Instant,
         problems: &mut Vec<String>,
         outcome: &mut FaultOutcome,
     ) -> String {
+        let victim = fault.target.rank;
         let view = &self.ranks[victim as usize];
-        let after = view
-            .ended_at
-            .map(|t| t.saturating_duration_since(resumed_at));
+        let after = view.ended_at.map(|t| t.saturating_duration_since(since));
+        let (label, state) = if fault.kind.cuts_the_link() {
+            ("CUT", "cut off")
+        } else {
+            ("RESUME", "resumed")
+        };
         let (how, text) = match &view.end {
             Some(End::Failed(e)) => ("failed", e.message.clone()),
+            // A rank cut off cannot hear that its group failed: when everything its last
+            // operations needed had reached it before the cut (the others' arrivals at a final
+            // barrier), it finishes them, and exactly; only an operation that needs a byte
+            // from beyond the cut must fail. (A stalled rank, once resumed, finds the group's
+            // failure notices waiting, so it must fail.)
+            Some(End::Done { failed: 0 }) if fault.kind.cuts_the_link() => (
+                "finished",
+                "finished its cases, every result exact, with what had reached it before the cut"
+                    .to_owned(),
+            ),
             Some(End::Done { .. }) => {
                 problems.push(format!(
-                    "RESUME: rank {victim} reported success after it was resumed from its stall"
+                    "{label}: rank {victim} reported success after its {} ({state})",
+                    fault.kind.name()
                 ));
                 ("succeeded", "reported success".to_owned())
             }
             Some(End::Crashed(why)) => ("crashed", why.clone()),
             Some(End::Victim) | None => ("hung", "still running".to_owned()),
         };
-        outcome.resumed = Some(serde_json::json!({
+        outcome.live_victim = Some(serde_json::json!({
             "after_ms": after.map(|d| d.as_secs_f64() * 1e3),
             "outcome": how,
             "message": text,
@@ -277,7 +299,10 @@ impl Monitor {
             || "never".to_owned(),
             |d| format!("{:.3} s", d.as_secs_f64()),
         );
-        format!("stalled rank {victim}, once resumed: after {after_text}: {text}")
+        format!(
+            "rank {victim} ({} fault, {state}): after {after_text}: {text}",
+            fault.kind.name()
+        )
     }
 
     fn write_json(
@@ -321,7 +346,7 @@ impl Monitor {
             "hung": self.hung,
             "killed_in_bootstrap": self.killed_in_bootstrap,
             "survivors": outcome.survivors,
-            "resumed": outcome.resumed,
+            "live_victim": outcome.live_victim,
             "cases": cases,
         });
         let text = serde_json::to_string_pretty(&doc)

@@ -132,7 +132,7 @@ fn a_shrink_passes_only_when_every_survivor_holds_the_survivors_and_passes_after
             shrink: true,
             ..args(3, 20)
         };
-        supervise(&args, &specs, Some(&fault), None, None)
+        supervise(&args, None, &specs, Some(&fault), None, None)
     };
     run(&[0, 1], true).unwrap();
     let err = run(&[0, 1, 2], true).unwrap_err();
@@ -146,7 +146,7 @@ fn a_clean_run_passes() {
     let specs: Vec<ChildSpec> = (0..2)
         .map(|r| scripted(r, &[start(r), case(r, 0, true), done(r, 0)], WAIT_FOR_EOF))
         .collect();
-    supervise(&args(2, 20), &specs, None, None, None).unwrap();
+    supervise(&args(2, 20), None, &specs, None, None, None).unwrap();
 }
 
 #[test]
@@ -155,7 +155,7 @@ fn a_wrong_byte_on_one_rank_fails_the_run() {
         scripted(0, &[start(0), case(0, 0, true), done(0, 0)], WAIT_FOR_EOF),
         scripted(1, &[start(1), case(1, 0, false), done(1, 1)], WAIT_FOR_EOF),
     ];
-    let err = supervise(&args(2, 20), &specs, None, None, None).unwrap_err();
+    let err = supervise(&args(2, 20), None, &specs, None, None, None).unwrap_err();
     assert!(
         err.contains("WRONG: all_reduce/f32/sum/n=7/case0 on rank 1"),
         "{err}"
@@ -169,7 +169,7 @@ fn a_hang_is_bounded_by_the_global_timeout_and_names_the_operation() {
         scripted(1, &[start(1)], "sleep 30"),
     ];
     let began = Instant::now();
-    let err = supervise(&args(2, 1), &specs, None, None, None).unwrap_err();
+    let err = supervise(&args(2, 1), None, &specs, None, None, None).unwrap_err();
     assert!(began.elapsed() < Duration::from_secs(10), "{err}");
     for rank in 0..2 {
         let hang = format!("HANG: rank {rank} still running in all_reduce f32 n=7");
@@ -186,7 +186,7 @@ fn a_crash_ends_the_run_long_before_the_global_timeout() {
     let began = Instant::now();
     let mut quick = args(2, 300);
     quick.fault_bound = 1;
-    let err = supervise(&quick, &specs, None, None, None).unwrap_err();
+    let err = supervise(&quick, None, &specs, None, None, None).unwrap_err();
     assert!(began.elapsed() < Duration::from_secs(20), "{err}");
     assert!(
         err.contains("HANG: rank 0 still running in all_reduce f32 n=7"),
@@ -215,7 +215,7 @@ fn a_kill_passes_only_with_the_right_errors() {
             scripted(0, &[start(0), survivor_error], WAIT_FOR_EOF),
             scripted(1, &[start(1), victim.clone()], "sleep 30"),
         ];
-        supervise(&args(2, 20), &specs, Some(&fault), None, None)
+        supervise(&args(2, 20), None, &specs, Some(&fault), None, None)
     };
     run(failed(0, "peer_lost", 1)).unwrap();
     for wrong in [failed(0, "timeout", 1), failed(0, "peer_lost", 0)] {
@@ -247,7 +247,7 @@ fn a_stalled_rank_is_resumed_once_the_survivors_report_and_must_fail_too() {
             stall: Some("1@0".parse().unwrap()),
             ..args(2, 20)
         };
-        supervise(&args, &specs, Some(&fault), Some(100), None)
+        supervise(&args, None, &specs, Some(&fault), Some(100), None)
     };
     run(failed(1, "peer_lost", 0)).unwrap();
     let err = run(done(1, 0)).unwrap_err();

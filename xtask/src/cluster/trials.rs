@@ -3,7 +3,8 @@
 //! one fault at a seeded random rank and a random point of a random collective, over the quick
 //! case list; the loop collects each trial's JSON verdict and prints one summary line per
 //! scenario: trials, failures, hangs, wrong results reported as success, detection times and
-//! how many survivors named the right rank.
+//! how many survivors named the right rank. The scenarios that cut links run in network
+//! namespaces (`--netns`).
 //!
 //! A trial can never hang the loop: past its hard deadline its whole process group is
 //! signalled (SIGTERM, so that its launcher reaps the ranks and removes any namespaces; then
@@ -45,8 +46,10 @@ struct Trial {
     detections: Vec<f64>,
     survivors: usize,
     survivors_right: usize,
-    /// For a stall: whether the resumed victim failed cleanly.
-    resumed_clean: Option<bool>,
+    /// For a fault the victim lives through (a stall, a cut link): whether the victim, resumed
+    /// or cut off, ended cleanly: it failed, or (cut off) finished exactly with what had
+    /// reached it before the cut.
+    victim_clean: Option<bool>,
     /// For a kill in the rendezvous: whether the victim had not joined yet.
     in_bootstrap: Option<bool>,
     first_problem: Option<String>,
@@ -62,9 +65,11 @@ struct Summary {
     detections: Vec<f64>,
     survivors: usize,
     survivors_right: usize,
-    resumed: usize,
-    resumed_clean: usize,
+    live_victims: usize,
+    victims_clean: usize,
     in_bootstrap: usize,
+    /// What the victims that lived through their fault were: "resumed" or "cut-off".
+    live_victim: &'static str,
 }
 
 impl Summary {
@@ -76,9 +81,9 @@ impl Summary {
         self.detections.extend(&trial.detections);
         self.survivors += trial.survivors;
         self.survivors_right += trial.survivors_right;
-        if let Some(clean) = trial.resumed_clean {
-            self.resumed += 1;
-            self.resumed_clean += usize::from(clean);
+        if let Some(clean) = trial.victim_clean {
+            self.live_victims += 1;
+            self.victims_clean += usize::from(clean);
         }
         self.in_bootstrap += usize::from(trial.in_bootstrap == Some(true));
     }
@@ -117,11 +122,18 @@ impl fmt::Display for Summary {
             ", {}/{} survivors named the right rank",
             self.survivors_right, self.survivors
         )?;
-        if self.resumed > 0 {
+        if self.live_victims > 0 {
             write!(
                 f,
-                ", {}/{} resumed ranks failed cleanly",
-                self.resumed_clean, self.resumed
+                ", {}/{} {} ranks {}",
+                self.victims_clean,
+                self.live_victims,
+                self.live_victim,
+                if self.live_victim == "cut-off" {
+                    "failed cleanly or finished exactly"
+                } else {
+                    "failed cleanly"
+                }
             )?;
         }
         if self.in_bootstrap > 0 {
@@ -149,16 +161,32 @@ pub(super) fn run(args: &ClusterArgs, repeat: u32) -> Result<(), String> {
     let dir = world::scratch_dir()?.join(format!("trials-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let scenarios = if args.scenario.is_empty() {
-        Scenario::ALL.to_vec()
+        Scenario::defaults(args.world.netns)
     } else {
         args.scenario.clone()
     };
+    if let Some(scenario) = scenarios
+        .iter()
+        .find(|s| s.needs_netns() && !args.world.netns)
+    {
+        return Err(format!(
+            "the {} scenario cuts a rank's link: it needs --netns",
+            scenario.name()
+        ));
+    }
     let points = worker::groups_per_op(true);
     let mut rng = SplitMix::seeded(args.seed);
     let mut lines = Vec::new();
     let mut failed = 0;
     for scenario in scenarios {
-        let mut summary = Summary::default();
+        let mut summary = Summary {
+            live_victim: if scenario.needs_netns() {
+                "cut-off"
+            } else {
+                "resumed"
+            },
+            ..Summary::default()
+        };
         let started = Instant::now();
         for index in 0..repeat {
             let (flag, target) = pick(scenario, index, args.ranks, &points, &mut rng);
@@ -218,6 +246,14 @@ fn pick(
         Scenario::Stall => {
             let rank = rng.below(u64::from(ranks));
             ("--stall", format!("{rank}@{}", random_point(rng)))
+        }
+        Scenario::Cut => {
+            let rank = rng.below(u64::from(ranks));
+            ("--cut", format!("{rank}@{}", random_point(rng)))
+        }
+        Scenario::Drop => {
+            let rank = rng.below(u64::from(ranks));
+            ("--drop", format!("{rank}@{}", random_point(rng)))
         }
         Scenario::KillRoot if index % 2 == 0 => (
             "--kill",
@@ -364,13 +400,13 @@ fn read_report(report: &serde_json::Value) -> Trial {
         .map(|p| p.iter().filter_map(serde_json::Value::as_str).collect())
         .unwrap_or_default();
     let survivors = report["survivors"].as_array().cloned().unwrap_or_default();
-    let resumed = report["resumed"]["outcome"].as_str();
+    let victim = report["live_victim"]["outcome"].as_str();
     let survivor_succeeded = survivors.iter().any(|s| s["succeeded"] == true);
     Trial {
         passed: report["passed"] == true,
         hung: report["hung"] == true || problems.iter().any(|p| p.starts_with("HANG")),
         wrong_success: survivor_succeeded
-            || resumed == Some("succeeded")
+            || victim == Some("succeeded")
             || problems.iter().any(|p| p.starts_with("WRONG")),
         detections: survivors
             .iter()
@@ -378,7 +414,7 @@ fn read_report(report: &serde_json::Value) -> Trial {
             .collect(),
         survivors: survivors.len(),
         survivors_right: survivors.iter().filter(|s| s["right"] == true).count(),
-        resumed_clean: resumed.map(|r| r == "failed"),
+        victim_clean: victim.map(|r| r == "failed" || r == "finished"),
         in_bootstrap: report["killed_in_bootstrap"].as_bool(),
         first_problem: problems.first().map(|p| (*p).to_owned()),
     }
@@ -415,9 +451,12 @@ mod tests {
                 {"rank": 0, "after_ms": 3001.0, "right": true, "succeeded": false},
                 {"rank": 2, "after_ms": 3004.0, "right": false, "succeeded": false},
             ],
-            "resumed": {"outcome": "succeeded", "after_ms": 1.0},
+            "live_victim": {"outcome": "succeeded", "after_ms": 1.0},
         });
-        let mut summary = Summary::default();
+        let mut summary = Summary {
+            live_victim: "resumed",
+            ..Summary::default()
+        };
         summary.add(&read_report(&report));
         let line = summary.to_string();
         assert!(

@@ -364,6 +364,13 @@ impl Injector {
                     libc::raise(libc::SIGSTOP);
                 }
             }
+            FaultKind::Cut | FaultKind::Drop => {
+                // The launcher takes the link away, then says so on stdin; the rank goes on
+                // into the operation, cut off, and must fail by itself. (An end of stdin means
+                // the launcher gave up: go on all the same.)
+                let mut line = String::new();
+                let _ = std::io::stdin().read_line(&mut line);
+            }
             // A separate process waits here for the launcher's SIGKILL; a stalled in-process
             // rank freezes forever, holding its links open without ever answering.
             FaultKind::Kill | FaultKind::Stall => loop {
