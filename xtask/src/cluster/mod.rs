@@ -187,7 +187,7 @@ fn supervise(
     // it records the operation it stopped before, as the survivors did.
     let mut check_flight = || match (flight_dir, fault) {
         (Some(dir), Some(fault)) if fault.kind.cuts_the_link() => {
-            flight_report::check_names_every_operation(dir, args.ranks)
+            flight_report::check_names_survivors_operations(dir, fault.target.rank, args.ranks)
                 .map_err(|e| format!("{e} ({})", fault.target))
         }
         (Some(dir), Some(fault)) => {

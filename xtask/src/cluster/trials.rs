@@ -238,23 +238,16 @@ fn pick(
         let (op, groups) = points[rng.below(points.len() as u64) as usize];
         format!("{op}:{}", rng.below(groups))
     };
+    let random_rank = |rng: &mut SplitMix| rng.below(u64::from(ranks));
+    let anywhere = |flag, rng: &mut SplitMix| {
+        let rank = random_rank(rng);
+        (flag, format!("{rank}@{}", random_point(rng)))
+    };
     match scenario {
-        Scenario::Kill => {
-            let rank = rng.below(u64::from(ranks));
-            ("--kill", format!("{rank}@{}", random_point(rng)))
-        }
-        Scenario::Stall => {
-            let rank = rng.below(u64::from(ranks));
-            ("--stall", format!("{rank}@{}", random_point(rng)))
-        }
-        Scenario::Cut => {
-            let rank = rng.below(u64::from(ranks));
-            ("--cut", format!("{rank}@{}", random_point(rng)))
-        }
-        Scenario::Drop => {
-            let rank = rng.below(u64::from(ranks));
-            ("--drop", format!("{rank}@{}", random_point(rng)))
-        }
+        Scenario::Kill => anywhere("--kill", rng),
+        Scenario::Stall => anywhere("--stall", rng),
+        Scenario::Cut => anywhere("--cut", rng),
+        Scenario::Drop => anywhere("--drop", rng),
         Scenario::KillRoot if index % 2 == 0 => (
             "--kill",
             format!("0@bootstrap:{}", rng.below(BOOTSTRAP_WINDOW_MS + 1)),
