@@ -161,8 +161,17 @@ impl<'a> Watch<'a> {
         let start = Instant::now();
         loop {
             let left = total.saturating_sub(start.elapsed());
-            if let Some(value) = attempt(left.min(slice))? {
-                return Ok(Some(value));
+            match attempt(left.min(slice)) {
+                Ok(Some(value)) => return Ok(Some(value)),
+                Ok(None) => {}
+                // A member that declared the group failed and then left (its process ended
+                // once it reported) told why before its links closed: its notice, queued
+                // ahead of the loss, names the rank at fault, where the loss names only it.
+                Err(error) if error.is_fatal() => {
+                    self.poll_notices()?;
+                    return Err(error);
+                }
+                Err(error) => return Err(error),
             }
             self.poll_notices()?;
             self.answer_probes(peer)?;

@@ -504,6 +504,36 @@ mod tests {
     }
 
     #[test]
+    fn a_member_that_announced_a_failure_and_left_is_not_the_one_blamed() {
+        use crate::{Failure, FatalCause};
+        let world = crate::MemTransport::fan_out(3);
+        let group = ProcessGroup::new(Arc::clone(&world[0]) as Arc<dyn Transport>);
+        // Rank 1 declares the group failed because of rank 2, then its process ends: its
+        // notice is queued ahead of its loss.
+        let notice = Failure::GroupFailed {
+            culprit: 2,
+            cause: FatalCause::PeerLost,
+        };
+        world[1]
+            .send_failure(0, crate::health::notice_tag(WORLD_GROUP_ID), notice)
+            .unwrap();
+        world[1].abort();
+        let mut data = [0.0f32; 3];
+        let err = group.broadcast(1, &mut data).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CollectiveError::GroupFailed {
+                    peer: 2,
+                    reporter: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn every_issued_operation_takes_the_next_sequence_number() {
         let t: Arc<dyn Transport> = crate::MemTransport::fan_out(1).remove(0);
         let group = ProcessGroup::new(t);
