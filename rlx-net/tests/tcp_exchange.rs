@@ -81,13 +81,21 @@ fn ring_of_exchanges(world: &[Arc<TcpTransport>], rounds: u64) -> u64 {
 /// incoming message lands in the posted buffer while the outgoing one is written. A send
 /// followed by a receive copies three or four of the four 24 MiB messages here; an exchange
 /// copies none, or one when a rank is descheduled between the barrier and its post for long
-/// enough that the background watcher takes the message as unexpected.
+/// enough that the background watcher takes the message as unexpected. A loaded machine
+/// (other jobs on both cores) deschedules ranks that long more often, so the best of three
+/// fresh worlds is judged: a send followed by a receive would copy in every one.
 fn both_directions_at_once() {
-    let world = shared_world(2, |b| b.max_unexpected_bytes(1 << 20));
-    let copied = ring_of_exchanges(&world, 2);
-    assert!(
-        copied <= 24 << 20,
-        "{copied} bytes of large messages went through a copy"
+    let mut attempts = Vec::new();
+    for _ in 0..3 {
+        let world = shared_world(2, |b| b.max_unexpected_bytes(1 << 20));
+        let copied = ring_of_exchanges(&world, 2);
+        attempts.push(copied);
+        if copied <= 24 << 20 {
+            return;
+        }
+    }
+    panic!(
+        "bytes of large messages that went through a copy, in each of three worlds: {attempts:?}"
     );
 }
 
