@@ -142,8 +142,9 @@ impl<'a> Watch<'a> {
         self.health.check()
     }
 
-    /// Runs `attempt` (a receive from world rank `peer` with the deadline it is given) until
-    /// it returns something or `total` has passed (`Ok(None)`). For group-scoped operations it
+    /// Runs `attempt` (a receive from world rank `peer`, or a send to it that gives up before
+    /// its first byte, with the deadline it is given) until it returns something or `total`
+    /// has passed (`Ok(None)`). For group-scoped operations it
     /// calls `attempt` with slices of at least `slice` and in between looks for group-wide
     /// failure notices, so that it fails within about a slice of a fatal failure anywhere in
     /// the group, and answers wait probes with `peer`.

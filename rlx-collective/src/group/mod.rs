@@ -465,23 +465,24 @@ mod tests {
         assert_send::<CollectiveHandle<Vec<f32>>>();
     }
 
+    /// `from` tells rank 0 of the world group, as a member that declared it failed does,
+    /// that world rank `culprit` is at fault for `cause`.
+    fn announce(from: &dyn Transport, culprit: u32, cause: crate::FatalCause) {
+        let notice = crate::Failure::GroupFailed { culprit, cause };
+        from.send_failure(0, crate::health::notice_tag(WORLD_GROUP_ID), notice)
+            .unwrap();
+    }
+
     /// A rank whose operation needs no wait (a broadcast root, a send) still reports the
     /// failure its members have already announced, instead of a success for a group they have
     /// given up on: the case of a rank resumed after a stall, whose data had all arrived.
     #[test]
     fn an_operation_that_needs_no_wait_reports_an_announced_failure() {
-        use crate::{Failure, FatalCause};
         let world = crate::MemTransport::fan_out(2);
         let group = ProcessGroup::new(Arc::clone(&world[0]) as Arc<dyn Transport>);
         let mut data = [1.0f32; 3];
         group.broadcast(0, &mut data).unwrap();
-        let notice = Failure::GroupFailed {
-            culprit: 0,
-            cause: FatalCause::Timeout,
-        };
-        world[1]
-            .send_failure(0, crate::health::notice_tag(WORLD_GROUP_ID), notice)
-            .unwrap();
+        announce(&*world[1], 0, crate::FatalCause::Timeout);
         let err = group.broadcast(0, &mut data).unwrap_err();
         assert!(
             matches!(
@@ -505,18 +506,11 @@ mod tests {
 
     #[test]
     fn a_member_that_announced_a_failure_and_left_is_not_the_one_blamed() {
-        use crate::{Failure, FatalCause};
         let world = crate::MemTransport::fan_out(3);
         let group = ProcessGroup::new(Arc::clone(&world[0]) as Arc<dyn Transport>);
         // Rank 1 declares the group failed because of rank 2, then its process ends: its
         // notice is queued ahead of its loss.
-        let notice = Failure::GroupFailed {
-            culprit: 2,
-            cause: FatalCause::PeerLost,
-        };
-        world[1]
-            .send_failure(0, crate::health::notice_tag(WORLD_GROUP_ID), notice)
-            .unwrap();
+        announce(&*world[1], 2, crate::FatalCause::PeerLost);
         world[1].abort();
         let mut data = [0.0f32; 3];
         let err = group.broadcast(1, &mut data).unwrap_err();

@@ -303,25 +303,7 @@ impl Hub {
         let mut taken = Vec::new();
         let mut st = lock(&self.state);
         loop {
-            let mut waiting = false;
-            for (rank, peer) in st.peers.iter_mut().enumerate() {
-                if peer.lost.is_some() || rank as u32 == self.rank {
-                    continue;
-                }
-                for (k, slot) in peer.links.iter_mut().enumerate() {
-                    match slot.holder {
-                        Holder::Free if !slot.parked && !slot.wanted => {
-                            slot.holder = Holder::Sender;
-                            taken.push((rank as u32, k));
-                        }
-                        Holder::Background => {
-                            slot.wanted = true;
-                            waiting = true;
-                        }
-                        _ => {}
-                    }
-                }
-            }
+            let waiting = take_free_links(&mut st, |rank| rank != self.rank, true, &mut taken);
             let now = links.now();
             if !waiting || now >= deadline {
                 return taken;
@@ -337,6 +319,39 @@ impl Hub {
         release(&mut lock(&self.state), from, links.now());
         self.wake();
     }
+}
+
+/// Takes the reader role (as [`Holder::Sender`]: a thread reading for nobody in particular) of
+/// every link that is free, not parked and not wanted by another thread, of every peer that is
+/// not lost and for which `reads(rank)` holds, and appends them to `taken`. With
+/// `ask_watcher`, links the background watcher holds are marked wanted; returns whether any
+/// was, so that the caller can wait for them.
+pub(crate) fn take_free_links(
+    st: &mut State,
+    reads: impl Fn(u32) -> bool,
+    ask_watcher: bool,
+    taken: &mut Vec<(u32, usize)>,
+) -> bool {
+    let mut asked = false;
+    for (rank, peer) in st.peers.iter_mut().enumerate() {
+        if peer.lost.is_some() || !reads(rank as u32) {
+            continue;
+        }
+        for (k, slot) in peer.links.iter_mut().enumerate() {
+            match slot.holder {
+                Holder::Free if !slot.parked && !slot.wanted => {
+                    slot.holder = Holder::Sender;
+                    taken.push((rank as u32, k));
+                }
+                Holder::Background if ask_watcher => {
+                    slot.wanted = true;
+                    asked = true;
+                }
+                _ => {}
+            }
+        }
+    }
+    asked
 }
 
 /// Releases the reader role of every link to `from` at `now`; returns whether any is parked.

@@ -15,6 +15,7 @@ use crate::sync::{Mutex, MutexGuard, TryLockError, lock};
 
 use super::Engine;
 use super::exchange::Companion;
+use super::hub::take_free_links;
 use super::link::PeerIo;
 use super::service::Service;
 use super::socket::{POLL_FDS, poll, pollfd, write_frame};
@@ -265,20 +266,12 @@ impl Engine {
         HELD.with(|held| {
             let mut held = held.borrow_mut();
             held.clear();
-            {
-                let mut st = lock(&self.hub.state);
-                for (rank, peer) in st.peers.iter_mut().enumerate() {
-                    if peer.lost.is_some() || self.peers.get(rank).is_none_or(|p| p.is_none()) {
-                        continue;
-                    }
-                    for (k, slot) in peer.links.iter_mut().enumerate() {
-                        if slot.holder == Holder::Free && !slot.wanted && !slot.parked {
-                            slot.holder = Holder::Sender;
-                            held.push((rank as u32, k));
-                        }
-                    }
-                }
-            }
+            take_free_links(
+                &mut lock(&self.hub.state),
+                |rank| self.peers.get(rank as usize).is_some_and(Option::is_some),
+                false,
+                &mut held,
+            );
             let limit = if held.is_empty() {
                 Duration::from_millis(100)
             } else {

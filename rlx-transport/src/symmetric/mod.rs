@@ -8,7 +8,8 @@
 //!   requests in flight; `queue`: the hand-over from a peer's reader to its server.
 //! - [`Symmetric`]: `SymmetricTransport` for any two-sided [`Transport`], so
 //!   [`MemTransport`](crate::MemTransport) and every socket transport get the heap without
-//!   writing it again.
+//!   writing it again (`over_transport`); `as_transport`: `Symmetric` as a `Transport` itself,
+//!   delegating to the carrying one.
 //!
 //! # Semantics every implementation keeps
 //!
@@ -59,6 +60,7 @@
 
 mod agreement;
 mod alloc;
+mod as_transport;
 mod handle;
 pub mod heap;
 mod over_transport;

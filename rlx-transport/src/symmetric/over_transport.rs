@@ -37,7 +37,7 @@ use crate::symmetric::service::{self, Completions, OpKind, Outcome};
 use crate::symmetric::wire::{self, Signal, SignalOp};
 use crate::symmetric::{Region, SymmetricTransport};
 use crate::sync::{Arc, AtomicBool, Mutex, MutexGuard, Ordering, lock, thread};
-use crate::{CollectiveError, Failure, NativeCollectives, Result, TRANSPORT_GROUP, Tag, Transport};
+use crate::{CollectiveError, Result, TRANSPORT_GROUP, Tag, Transport};
 
 /// The tag of heap requests and responses on the carrying transport (the transport's reserved
 /// group, sequence 1; the default barrier uses sequence 0).
@@ -347,6 +347,19 @@ impl<T: Transport + 'static> Symmetric<T> {
     }
 }
 
+impl<T: Transport + 'static> Symmetric<T> {
+    /// The carrying transport, to which every two-sided call goes (`as_transport.rs`).
+    pub(super) fn carrier(&self) -> &T {
+        &self.shared.inner
+    }
+
+    /// Fails every request this rank waits on, and every wait on its heap, with `Aborted`.
+    pub(super) fn abort_heap(&self) {
+        self.shared.completions.abort();
+        self.shared.heap.abort();
+    }
+}
+
 impl<T: Transport + 'static> Drop for Symmetric<T> {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
@@ -610,100 +623,5 @@ impl<T: Transport + 'static> SymmetricTransport for Symmetric<T> {
             .served_to_end
             .get(rank as usize)
             .is_some_and(|done| done.load(Ordering::Acquire))
-    }
-}
-
-impl<T: Transport + 'static> Transport for Symmetric<T> {
-    fn rank(&self) -> u32 {
-        self.shared.inner.rank()
-    }
-
-    fn world_size(&self) -> u32 {
-        self.shared.inner.world_size()
-    }
-
-    fn send_message(&self, to: u32, tag: Tag, parts: &[&[u8]]) -> Result<()> {
-        self.shared.inner.send_message(to, tag, parts)
-    }
-
-    fn recv_message(&self, from: u32, tag: Tag, timeout: Duration) -> Result<Option<Vec<u8>>> {
-        self.shared.inner.recv_message(from, tag, timeout)
-    }
-
-    fn recv_message_into(
-        &self,
-        from: u32,
-        tag: Tag,
-        buf: &mut [u8],
-        timeout: Duration,
-    ) -> Result<Option<usize>> {
-        self.shared.inner.recv_message_into(from, tag, buf, timeout)
-    }
-
-    fn traffic(&self) -> Option<crate::Traffic> {
-        self.shared.inner.traffic()
-    }
-
-    fn send_recv_into(
-        &self,
-        to: u32,
-        from: u32,
-        tag: Tag,
-        parts: &[&[u8]],
-        buf: &mut [u8],
-        timeout: Duration,
-    ) -> Result<Option<usize>> {
-        self.shared
-            .inner
-            .send_recv_into(to, from, tag, parts, buf, timeout)
-    }
-
-    fn send_failure(&self, to: u32, tag: Tag, failure: Failure) -> Result<()> {
-        self.shared.inner.send_failure(to, tag, failure)
-    }
-
-    fn try_send_message(&self, to: u32, tag: Tag, parts: &[&[u8]], wait: Duration) -> Result<bool> {
-        self.shared.inner.try_send_message(to, tag, parts, wait)
-    }
-
-    fn try_send_failure(
-        &self,
-        to: u32,
-        tag: Tag,
-        failure: Failure,
-        wait: Duration,
-    ) -> Result<bool> {
-        self.shared.inner.try_send_failure(to, tag, failure, wait)
-    }
-
-    fn op_timeout(&self) -> Duration {
-        self.shared.inner.op_timeout()
-    }
-
-    fn exclude_peer(&self, peer: u32) -> Result<()> {
-        self.shared.inner.exclude_peer(peer)
-    }
-
-    fn abort(&self) {
-        self.shared.completions.abort();
-        self.shared.heap.abort();
-        self.shared.inner.abort();
-    }
-
-    fn native_collectives(&self) -> Option<&dyn NativeCollectives> {
-        self.shared.inner.native_collectives()
-    }
-
-    /// This transport is its own heap: code holding only a `dyn Transport` reaches the
-    /// one-sided operations through this.
-    fn symmetric(&self) -> Option<&dyn crate::symmetric::SymmetricOps> {
-        Some(self)
-    }
-
-    /// Quiets this rank's puts, then runs the carrying transport's barrier: when it returns on
-    /// any rank, every rank's puts from before the barrier have been applied.
-    fn barrier(&self) -> Result<()> {
-        self.quiet()?;
-        self.shared.inner.barrier()
     }
 }

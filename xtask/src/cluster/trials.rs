@@ -68,8 +68,8 @@ struct Summary {
     live_victims: usize,
     victims_clean: usize,
     in_bootstrap: usize,
-    /// What the victims that lived through their fault were: "resumed" or "cut-off".
-    live_victim: &'static str,
+    /// The scenario cuts links: its victims live on cut off, not resumed.
+    cuts_links: bool,
 }
 
 impl Summary {
@@ -125,14 +125,13 @@ impl fmt::Display for Summary {
         if self.live_victims > 0 {
             write!(
                 f,
-                ", {}/{} {} ranks {}",
+                ", {}/{} {}",
                 self.victims_clean,
                 self.live_victims,
-                self.live_victim,
-                if self.live_victim == "cut-off" {
-                    "failed cleanly or finished exactly"
+                if self.cuts_links {
+                    "cut-off ranks failed cleanly or finished exactly"
                 } else {
-                    "failed cleanly"
+                    "resumed ranks failed cleanly"
                 }
             )?;
         }
@@ -180,11 +179,7 @@ pub(super) fn run(args: &ClusterArgs, repeat: u32) -> Result<(), String> {
     let mut failed = 0;
     for scenario in scenarios {
         let mut summary = Summary {
-            live_victim: if scenario.needs_netns() {
-                "cut-off"
-            } else {
-                "resumed"
-            },
+            cuts_links: scenario.needs_netns(),
             ..Summary::default()
         };
         let started = Instant::now();
@@ -446,10 +441,7 @@ mod tests {
             ],
             "live_victim": {"outcome": "succeeded", "after_ms": 1.0},
         });
-        let mut summary = Summary {
-            live_victim: "resumed",
-            ..Summary::default()
-        };
+        let mut summary = Summary::default();
         summary.add(&read_report(&report));
         let line = summary.to_string();
         assert!(
