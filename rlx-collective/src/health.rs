@@ -18,10 +18,12 @@
 //! (see the `wait_chain` module): between slices every wait also answers the probes of ranks
 //! that timed out, with the rank it waits on.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use rlx_transport::blocked_send;
 
 use crate::wait_chain::{self, Step, WaitChain};
 use crate::{CollectiveError, Failure, Result, Tag, Transport};
@@ -179,6 +181,33 @@ impl<'a> Watch<'a> {
             if start.elapsed() >= total {
                 return Ok(None);
             }
+        }
+    }
+
+    /// Runs `send` (a send to world rank `peer`, or an exchange whose send goes to it) so
+    /// that while the transport waits for `peer` to read, this rank still answers the other
+    /// members' wait probes: it waits on `peer` (see [`blocked_send`]). A rank stuck behind a
+    /// silent peer, mid-message, is then never the one blamed for it. A malformed probe met
+    /// meanwhile is the call's error once the send is over, unless the send failed first.
+    pub(crate) fn answering_while_blocked<T>(
+        &self,
+        peer: u32,
+        send: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        if self.scope == FailureScope::Operation {
+            return send();
+        }
+        let malformed = Cell::new(None);
+        let hook = || {
+            if let Err(error) = self.answer_probes(peer) {
+                let first = malformed.take();
+                malformed.set(first.or(Some(error)));
+            }
+        };
+        let sent = blocked_send::with_hook(&hook, send);
+        match malformed.into_inner() {
+            Some(error) if sent.is_ok() => Err(error),
+            _ => sent,
         }
     }
 

@@ -207,8 +207,8 @@ impl<'a> OpCtx<'a> {
 
     /// Sends the concatenation of `parts` to group rank `to`. A send that cannot start (the
     /// peer does not read) waits in slices, between which it looks for failure notices and
-    /// answers wait probes like a receive, so that a rank stuck behind a silent peer is never
-    /// taken for the silent one.
+    /// answers wait probes like a receive; one stuck mid-message answers probes from inside
+    /// the transport. A rank stuck behind a silent peer is so never taken for the silent one.
     pub(crate) fn send_parts(&self, to: u32, parts: &[&[u8]]) -> Result<()> {
         let peer = self.world_rank(to)?;
         let mut first = true;
@@ -216,8 +216,11 @@ impl<'a> OpCtx<'a> {
             if !std::mem::take(&mut first) {
                 self.flight.waiting(self.seq, peer);
             }
-            self.transport
-                .try_send_message(peer, self.tag, parts, slice)
+            self.watch
+                .answering_while_blocked(peer, || {
+                    self.transport
+                        .try_send_message(peer, self.tag, parts, slice)
+                })
                 .map(|sent| sent.then_some(()))
         })?;
         sent.ok_or_else(|| self.timed_out(peer, self.timeout))
@@ -262,8 +265,11 @@ impl<'a> OpCtx<'a> {
                     self.transport
                         .recv_message_into(peer, self.tag, buf, deadline)
                 } else {
-                    self.transport
-                        .send_recv_into(to, peer, self.tag, &[bytes], buf, deadline)
+                    // Until its send is over, the exchange waits on `to`.
+                    self.watch.answering_while_blocked(to, || {
+                        self.transport
+                            .send_recv_into(to, peer, self.tag, &[bytes], buf, deadline)
+                    })
                 }
             })?;
         self.landed(peer, expected, got)

@@ -204,3 +204,90 @@ fn a_malformed_probe_is_a_protocol_error() {
     );
     drop(transport);
 }
+
+/// How a survivor gets stuck mid-message behind the stalled rank in
+/// [`a_rank_stuck_sending_to_the_stalled_rank_is_not_blamed`].
+#[cfg(feature = "tcp")]
+#[derive(Clone, Copy, Debug)]
+enum StuckSend {
+    /// A point-to-point send.
+    Send,
+    /// An exchange whose send goes to the stalled rank and whose receive comes from another.
+    Exchange,
+}
+
+/// Over TCP a send blocks once the socket buffers on the way are full: rank 0 sends rank 1
+/// (which never calls into its group, and buffers at most 1 MiB it was not asked for) 2 MiB,
+/// then a message larger than every socket buffer, then rank 2 the message rank 2 waits for. Rank 2 times out waiting on rank 0 and
+/// probes it; rank 0, stuck inside the transport mid-message, must still answer (it waits on
+/// rank 1), so that both survivors name rank 1.
+#[cfg(feature = "tcp")]
+#[test]
+fn a_rank_stuck_sending_to_the_stalled_rank_is_not_blamed() {
+    const BIG: usize = 64 << 20;
+    for how in [StuckSend::Send, StuckSend::Exchange] {
+        let world = common::tcp_world(3, common::free_port(), |rank, n, port| {
+            common::loopback_builder(rank, n, port, OP_TIMEOUT).max_unexpected_bytes(1 << 20)
+        });
+        let release = Arc::new(Barrier::new(3));
+        let ranks: Vec<_> = world
+            .into_iter()
+            .map(|group| {
+                let release = Arc::clone(&release);
+                thread::spawn(move || {
+                    // A message rank 1 was not asked for, larger than its budget, lands there
+                    // whole; once it is held, rank 1 reads nothing more from rank 0.
+                    let filled = match group.rank() {
+                        0 => group.send_f32(1, 4, &vec![0.5; 2 << 18]),
+                        _ => Ok(()),
+                    };
+                    // Rank 0 starts its stuck send well after rank 2 starts waiting, so that
+                    // rank 2 times out and probes while the send is still stuck rather than
+                    // when rank 0 has timed out too (and answers from its own walk).
+                    if group.rank() == 0 {
+                        thread::sleep(OP_TIMEOUT * 6 / 10);
+                    }
+                    let result = match (group.rank(), how) {
+                        _ if filled.is_err() => Some(filled),
+                        (1, _) => None,
+                        (0, StuckSend::Send) => Some(
+                            group
+                                .send_f32(1, 5, &vec![1.0; BIG / 4])
+                                .and_then(|()| group.send_f32(2, 6, &[2.0])),
+                        ),
+                        (0, StuckSend::Exchange) => {
+                            let mut incoming = [0.0f32; 1];
+                            Some(
+                                group
+                                    .send_recv(1, &vec![1.0f32; BIG / 4], 2, &mut incoming, 5)
+                                    .map(|_| ()),
+                            )
+                        }
+                        (_, StuckSend::Send) => Some(group.recv_f32(0, 6).map(|_| ())),
+                        (_, StuckSend::Exchange) => Some(
+                            // Rank 0's receive from rank 2 lands; its answer never comes.
+                            group
+                                .send_f32(0, 5, &[3.0])
+                                .and_then(|()| group.recv_f32(0, 6).map(|_| ())),
+                        ),
+                    };
+                    release.wait();
+                    result.map(|r| (group.rank(), r))
+                })
+            })
+            .collect();
+        for rank in ranks {
+            let Some((rank, result)) = rank.join().expect("a rank thread") else {
+                continue;
+            };
+            // Rank 0's own send to rank 1 times out mid-message, which ends that link.
+            let lost_one = |error: &CollectiveError| {
+                matches!(error, CollectiveError::PeerLost { peer: 1, .. })
+            };
+            match &result {
+                Err(error) if blamed(error) == Some(1) || (rank == 0 && lost_one(error)) => {}
+                other => panic!("{how:?}: rank 1 stalled, but rank {rank} gave {other:?}"),
+            }
+        }
+    }
+}

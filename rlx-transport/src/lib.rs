@@ -9,6 +9,8 @@
 //! - [`MemTransport`]: ranks as threads of one process, built on the shared [`Inbox`].
 //! - [`SymmetricTransport`] (module [`symmetric`]): one-sided put/get/atomics on a symmetric
 //!   heap, provided for any transport by [`Symmetric`].
+//! - [`blocked_send`]: the hook through which the layers above keep their duties (answering
+//!   wait probes) while a send of theirs waits inside a transport on a peer that does not read.
 //!
 //! This crate depends on no other crate of the workspace.
 //!
@@ -29,6 +31,7 @@
 //! ```
 
 pub mod admission;
+pub mod blocked_send;
 pub mod bootstrap;
 mod dtype;
 mod element;

@@ -115,9 +115,10 @@ impl ProcessGroup {
         let peer = self.world_peer(to)?;
         let watch = self.watch();
         watch.check()?;
-        self.shared
-            .transport
-            .send_message(peer, tag, &[data])
+        watch
+            .answering_while_blocked(peer, || {
+                self.shared.transport.send_message(peer, tag, &[data])
+            })
             .map_err(|error| watch.blame(error))
             .inspect_err(|error| watch.on_failure(error))
     }
@@ -209,11 +210,14 @@ impl ProcessGroup {
         let to = self.world_peer(to)?;
         let mut sent = false;
         let slice = slice_for(buf.len());
+        let watch = self.watch();
         let (peer, len) = self.receive(from, tag, slice, |transport, peer, tag, deadline| {
             if std::mem::replace(&mut sent, true) {
                 transport.recv_message_into(peer, tag, buf, deadline)
             } else {
-                transport.send_recv_into(to, peer, tag, &[data], buf, deadline)
+                watch.answering_while_blocked(to, || {
+                    transport.send_recv_into(to, peer, tag, &[data], buf, deadline)
+                })
             }
         })?;
         whole_elements(peer, len, dtype)

@@ -12,7 +12,7 @@
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use rlx_transport::{CollectiveError, Tag};
+use rlx_transport::{CollectiveError, Tag, blocked_send};
 
 use crate::frame::FrameKind;
 use crate::matching::{Begin, Outcome};
@@ -186,6 +186,7 @@ impl Engine {
             fds.iter().any(|fd| fd.revents != 0)
         });
         self.serve_companion(c);
+        blocked_send::waiting();
         woke
     }
 }

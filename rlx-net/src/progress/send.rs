@@ -6,7 +6,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use rlx_transport::{CollectiveError, Failure, Tag};
+use rlx_transport::{CollectiveError, Failure, Tag, blocked_send};
 
 use crate::error::Lost;
 use crate::frame::{FrameHeader, FrameKind, HEADER_LEN, Striping};
@@ -272,8 +272,12 @@ impl Engine {
                 false,
                 &mut held,
             );
-            let limit = if held.is_empty() {
+            // With nothing else to read the wait is long, unless a layer above has duties
+            // to run while this send waits (see `rlx_transport::blocked_send`).
+            let limit = if held.is_empty() && !blocked_send::hooked() {
                 Duration::from_millis(100)
+            } else if held.is_empty() {
+                blocked_send::HOOK_INTERVAL
             } else {
                 SENDER_POLL
             };
@@ -296,6 +300,7 @@ impl Engine {
             });
             self.drain_held(&held);
         });
+        blocked_send::waiting();
     }
 
     /// Services every held link until it is idle or parked, then releases them all.
