@@ -2,14 +2,14 @@
 
 use clap::Args;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::cluster::{ClusterArgs, Scenario};
 use crate::cmd::{cargo, run_step, workspace_root};
 use crate::launch::{self, LaunchArgs};
 use crate::world::{TransportKind, WorldArgs};
-use crate::{bench, cluster, loom, macos};
+use crate::{bench, cluster, loom, macos, sanitize};
 
 /// Flags of `cargo xtask ci`.
 #[derive(Debug, Args)]
@@ -20,6 +20,9 @@ pub(crate) struct CiArgs {
     /// Skip the macOS type-check (part of CI; this is for quick local runs).
     #[arg(long)]
     pub(crate) no_macos: bool,
+    /// Skip the sanitizer runs (part of CI; this is for quick local runs).
+    #[arg(long)]
+    pub(crate) no_sanitize: bool,
 }
 
 /// Whether this is CI's run (`CI=true`, which `.ci/run` sets): there nothing may be skipped,
@@ -87,6 +90,12 @@ pub(crate) fn run(args: &CiArgs) -> Result<(), String> {
     if !args.no_loom {
         // Bound 3 checks every model in about a second on two cores (bound 4: about five).
         loom::run(&loom::LoomArgs { preemptions: 3 })?;
+    }
+    if !args.no_sanitize {
+        sanitize::run(&sanitize::SanitizeArgs {
+            quick: true,
+            sanitizer: vec![sanitize::Sanitizer::Thread, sanitize::Sanitizer::Address],
+        })?;
     }
     Ok(())
 }
@@ -239,10 +248,9 @@ fn examples() -> Result<(), String> {
     Ok(())
 }
 
-/// MLX: installs `mlx[cpu]` into `target/mlx-venv` unless MLX is found, then lints and runs the
-/// MLX tests (2, 3 and 4 ranks over MLX's ring on loopback; 2 under mpirun when Open MPI is
-/// installed).
-fn mlx(root: &Path) -> Result<(), String> {
+/// The Python through which the MLX backend's build finds MLX: `target/mlx-venv`'s, after
+/// installing `mlx[cpu]` there unless MLX is found (there, or through `MLX_DIR`).
+pub(crate) fn mlx_python(root: &Path) -> Result<PathBuf, String> {
     let venv = root.join("target").join("mlx-venv");
     let python = venv.join("bin").join("python");
     let has_mlx = Command::new(&python)
@@ -259,6 +267,14 @@ fn mlx(root: &Path) -> Result<(), String> {
             Command::new(venv.join("bin").join("pip")).args(["install", "--quiet", "mlx[cpu]"]),
         )?;
     }
+    Ok(python)
+}
+
+/// MLX: installs `mlx[cpu]` into `target/mlx-venv` unless MLX is found, then lints and runs the
+/// MLX tests (2, 3 and 4 ranks over MLX's ring on loopback; 2 under mpirun when Open MPI is
+/// installed).
+fn mlx(root: &Path) -> Result<(), String> {
+    let python = mlx_python(root)?;
     run_step(
         "clippy (mlx)",
         cargo().env("PYTHON", &python).args([

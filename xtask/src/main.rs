@@ -1,6 +1,7 @@
 //! `cargo xtask`: the project's automation. `ci` is exactly what CI runs; `loom` runs the model
-//! checks; `test-cluster` and `bench` launch real multi-process jobs, whose ranks are this same
-//! binary re-executed with a hidden subcommand; `launch` runs a user's own program as the ranks.
+//! checks; `sanitize` the test suites under ThreadSanitizer and AddressSanitizer;
+//! `test-cluster` and `bench` launch real multi-process jobs, whose ranks are this same binary
+//! re-executed with a hidden subcommand; `launch` runs a user's own program as the ranks.
 
 mod bench;
 mod ci;
@@ -13,6 +14,7 @@ mod launch;
 mod loom;
 mod macos;
 mod netns;
+mod sanitize;
 mod world;
 
 use std::process::ExitCode;
@@ -29,10 +31,13 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Everything CI runs: fmt check, clippy -D warnings, tests, a short cluster run, a bench
-    /// smoke sweep, the MLX tests, the macOS type-check, loom.
+    /// smoke sweep, the MLX tests, the macOS type-check, loom, the sanitizers (quick selection).
     Ci(ci::CiArgs),
     /// Loom model checks under `--cfg rlx_loom`.
     Loom(loom::LoomArgs),
+    /// The test suites under ThreadSanitizer and the MLX shim under AddressSanitizer (rustup's
+    /// nightly with its std source).
+    Sanitize(sanitize::SanitizeArgs),
     /// A pre-flight check of every rank pair: route and interface, MTU, RTT, bandwidth, clock
     /// skew, Thunderbolt links, versions, with advice.
     Doctor(doctor::DoctorArgs),
@@ -76,6 +81,7 @@ fn main() -> ExitCode {
         }
         Command::Ci(args) => ci::run(&args),
         Command::Loom(args) => loom::run(&args),
+        Command::Sanitize(args) => sanitize::run(&args),
         Command::FlightReport(args) => flight_report::run(&args),
         Command::Doctor(args) => doctor::run(&args),
         Command::DoctorRank => doctor::rank_main(),
