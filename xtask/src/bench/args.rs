@@ -68,6 +68,16 @@ pub(crate) struct BenchArgs {
     /// size that sometimes falls into a slow mode.
     #[arg(long)]
     pub(crate) percentiles: bool,
+    /// Write the side-by-side report of BENCHMARKS.md into this directory: `--runs` runs of
+    /// the same sweeps with the peers (1 and 32 MiB, 256 MiB, the 8 B all-reduce), their JSON
+    /// files and plots, and `report-N-ranks.md` with the medians, the per-run ratios and each
+    /// target met or missed. Takes the world flags (`--ranks`, `--netns`...); the sweep flags
+    /// are its own.
+    #[arg(long)]
+    pub(crate) report: Option<PathBuf>,
+    /// Runs of each sweep for `--report`.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) runs: u32,
 }
 
 impl BenchArgs {
@@ -93,6 +103,8 @@ impl BenchArgs {
             compression: "all".to_owned(),
             kernels: false,
             percentiles: false,
+            report: None,
+            runs: 1,
         }
     }
 }

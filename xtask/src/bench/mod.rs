@@ -14,6 +14,7 @@ mod kernels;
 mod measure;
 mod plot;
 mod report;
+mod side_by_side;
 mod systems;
 pub(crate) mod worker;
 
@@ -33,6 +34,9 @@ use systems::{IperfPath, Started, System};
 
 /// Runs the benchmark described by `args`.
 pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
+    if let Some(dir) = &args.report {
+        return side_by_side::run(args, dir, args.runs);
+    }
     let compressions = if args.compression.trim().is_empty() {
         Vec::new()
     } else {
