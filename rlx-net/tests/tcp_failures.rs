@@ -23,8 +23,12 @@ const LEN: usize = 8 << 20;
 /// victim's loss first, then aborts, joins and drops everything and counts the threads left
 /// beyond those it started with.
 fn pairwise_worker() -> Result<(), String> {
-    // Counted before the transport exists: a runtime may run threads of its own (a
-    // sanitizer's background thread, for one), which are not the transport's to end.
+    // Counted before the transport exists: a runtime may run threads of its own, which are
+    // not the transport's to end. ThreadSanitizer starts its background thread with the
+    // process's first thread, so one started and joined first puts it in the count.
+    std::thread::spawn(|| ())
+        .join()
+        .map_err(|_| "a first thread panicked")?;
     let before = thread_count();
     let t = Arc::new(common::from_env()?);
     let rank = t.rank();

@@ -156,6 +156,7 @@ fn thread(root: &Path, quick: bool) -> Result<(), String> {
     for (test, reason) in LEFT_OUT {
         eprintln!("    {test}: {reason}");
     }
+    let mut failed = Vec::new();
     for (package, targets) in thread_targets(quick) {
         let mut command = sanitized_test(root, "thread");
         command
@@ -166,9 +167,16 @@ fn thread(root: &Path, quick: bool) -> Result<(), String> {
         for (test, _) in LEFT_OUT {
             command.args(["--skip", test]);
         }
-        run_step(&format!("ThreadSanitizer: {package}"), &mut command)?;
+        // Every package runs, so that one failure does not hide another's report.
+        if let Err(error) = run_step(&format!("ThreadSanitizer: {package}"), &mut command) {
+            failed.push(error);
+        }
     }
-    Ok(())
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("; "))
+    }
 }
 
 /// AddressSanitizer over the MLX backend: the Rust FFI crate's tests, with its C++ shim
