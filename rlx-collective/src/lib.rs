@@ -100,6 +100,7 @@ mod op;
 mod reduce;
 mod reduce_scatter;
 mod scatter;
+mod scratch;
 pub mod select;
 mod shrink;
 mod split;

@@ -6,7 +6,7 @@
 //! one fixed chain and finished by one rank, so the result does not depend on who reads it.
 //!
 //! Memory: two segment-sized accumulator buffers, reused from one call to the next on the same
-//! thread (see [`Scratch`]), nothing per step.
+//! thread (see [`crate::scratch`]), nothing per step.
 //!
 //! When the accumulation type is the element type itself (f32, f64, i64), the wide partial of
 //! this rank's own elements is those elements: the first step sends them straight from the
@@ -20,63 +20,12 @@
 //! 42.0 to 35.5 µs at 128 KiB, 122 to 102 µs at 512 KiB, 259 to 222 µs at 1 MiB and 572 to
 //! 513 µs at 2 MiB; 4 MiB stayed at 1.26-1.27 ms.
 
-use std::cell::RefCell;
 use std::ops::Range;
 
 use crate::layout::{self, Blocks};
 use crate::op::OpCtx;
+use crate::scratch::Scratch;
 use crate::{CollectiveError, DType, ReduceKind, Result, kernels};
-
-/// Largest scratch buffer (bytes) a thread keeps between calls. Segment buffers are at most a
-/// large segment of elements widened to their accumulation type (1 MiB of f16 is 2 MiB of f32);
-/// the larger ones that i8 and u8 widen into (8 bytes per element) are freed after the call
-/// rather than held by every thread that ever reduced.
-const KEEP_LIMIT: usize = 2 * crate::select::LARGE_SEGMENT_BYTES;
-
-thread_local! {
-    /// The scratch buffers the last ring reduce-scatter on this thread left behind.
-    static SCRATCH: RefCell<Scratch> = const { RefCell::new(Scratch::new()) };
-}
-
-/// The two partial buffers of one reduce-scatter.
-///
-/// Allocating them afresh on every call cost a fault on every page they touch: buffers of this
-/// size sit above the allocator's threshold for returning memory to the kernel, so each call got
-/// new zeroed pages. In a profile of 512 KiB f32 all-reduces between two processes, the faults
-/// and the zeroing took about 12% of the CPU time; keeping the buffers removes both.
-struct Scratch {
-    send: Vec<u8>,
-    recv: Vec<u8>,
-}
-
-impl Scratch {
-    const fn new() -> Self {
-        Scratch {
-            send: Vec::new(),
-            recv: Vec::new(),
-        }
-    }
-
-    /// This thread's buffers, at least `send_len` and `recv_len` bytes long (their contents
-    /// are stale).
-    fn take(send_len: usize, recv_len: usize) -> Scratch {
-        let mut scratch =
-            SCRATCH.with(|cell| std::mem::replace(&mut *cell.borrow_mut(), Scratch::new()));
-        for (buf, len) in [(&mut scratch.send, send_len), (&mut scratch.recv, recv_len)] {
-            if buf.len() < len {
-                buf.resize(len, 0);
-            }
-        }
-        scratch
-    }
-
-    /// Hands the buffers back for the next call on this thread, unless they are too big to keep.
-    fn give_back(self) {
-        if self.send.len().max(self.recv.len()) <= KEEP_LIMIT {
-            SCRATCH.with(|cell| *cell.borrow_mut() = self);
-        }
-    }
-}
 
 /// Where a reduce-scatter reads this rank's contribution and writes its finished block.
 pub(crate) enum Data<'a> {

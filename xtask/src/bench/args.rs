@@ -78,6 +78,10 @@ pub(crate) struct BenchArgs {
     /// Runs of each sweep for `--report`.
     #[arg(long, default_value_t = 3)]
     pub(crate) runs: u32,
+    /// With `--report`: measure nothing, write the report again from the JSON files of
+    /// `--runs` runs already in the directory.
+    #[arg(long, requires = "report")]
+    pub(crate) rewrite: bool,
 }
 
 impl BenchArgs {
@@ -105,6 +109,7 @@ impl BenchArgs {
             percentiles: false,
             report: None,
             runs: 1,
+            rewrite: false,
         }
     }
 }

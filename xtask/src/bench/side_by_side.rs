@@ -85,13 +85,17 @@ struct MeasuredRow {
 }
 
 /// Runs `runs` rounds of [`SWEEPS`] with the world of `base` and writes the report into
-/// `dir`.
+/// `dir` (with `base.rewrite`, writes it from the files of an earlier measurement).
 pub(super) fn run(base: &BenchArgs, dir: &Path, runs: u32) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("could not create {}: {e}", dir.display()))?;
     let mut files: Vec<Vec<PathBuf>> = vec![Vec::new(); SWEEPS.len()];
     for run in 1..=runs {
         for (plan, files) in SWEEPS.iter().zip(&mut files) {
             let json = dir.join(format!("{}-{}-ranks-{run}.json", plan.name, base.ranks));
+            if base.rewrite {
+                files.push(json);
+                continue;
+            }
             let args = BenchArgs {
                 op: plan.op.to_owned(),
                 min_bytes: plan.min_bytes.to_owned(),
@@ -107,6 +111,7 @@ pub(super) fn run(base: &BenchArgs, dir: &Path, runs: u32) -> Result<(), String>
                     .then(|| dir.join(format!("{}-{}-ranks-{run}.svg", plan.name, base.ranks))),
                 report: None,
                 runs: 1,
+                rewrite: false,
                 compression: String::new(),
                 kernels: false,
                 ..base.clone()
@@ -183,6 +188,17 @@ fn cells(files: &[RunFile]) -> BTreeMap<(String, u64), Cell> {
     cells
 }
 
+/// The size a measured byte count stands for: the sweep's power of two, which the bench rounds
+/// down to whole elements per rank (1048572 bytes on 3 ranks is the 1 MiB point).
+fn nominal(bytes: u64) -> String {
+    let power = bytes.next_power_of_two();
+    if (power - bytes) * 100 < power {
+        super::plot::human_bytes(power)
+    } else {
+        super::plot::human_bytes(bytes)
+    }
+}
+
 /// `1.23` or `-` for a missing figure.
 fn figure(value: Option<f64>) -> String {
     value.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"))
@@ -257,7 +273,7 @@ fn write_report(base: &BenchArgs, files: &[Vec<PathBuf>]) -> Result<String, Stri
             let _ = writeln!(
                 out,
                 "| {op} | {} | {} | {} | {} {} |",
-                super::plot::human_bytes(*bytes),
+                nominal(*bytes),
                 figure(median(&cell.rlx)),
                 figure(median(&cell.openmpi)),
                 figure(ratio),
@@ -270,10 +286,7 @@ fn write_report(base: &BenchArgs, files: &[Vec<PathBuf>]) -> Result<String, Stri
             };
             if applies && op != "broadcast" && op != "reduce" {
                 verdicts.push(verdict(
-                    &format!(
-                        "{op} at {} ≥ {wanted}× Open MPI",
-                        super::plot::human_bytes(*bytes)
-                    ),
+                    &format!("{op} at {} ≥ {wanted}× Open MPI", nominal(*bytes)),
                     ratio.map(|r| r >= wanted),
                     ratio,
                 ));
@@ -326,6 +339,14 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
         assert_eq!(median(&[f64::NAN, 1.0]), Some(1.0));
+    }
+
+    #[test]
+    fn sizes_rounded_to_whole_elements_keep_their_sweep_label() {
+        assert_eq!(nominal(1048572), nominal(1 << 20));
+        assert_eq!(nominal(1 << 20), super::super::plot::human_bytes(1 << 20));
+        assert_eq!(nominal(8), super::super::plot::human_bytes(8));
+        assert_eq!(nominal(1000), super::super::plot::human_bytes(1000));
     }
 
     #[test]
