@@ -46,7 +46,7 @@ pub(crate) enum Sanitizer {
 const TARGET: &str = "x86_64-unknown-linux-gnu";
 
 /// Tests left out under ThreadSanitizer, each with the reason.
-pub(crate) const LEFT_OUT: &[(&str, &str)] = &[
+const LEFT_OUT: &[(&str, &str)] = &[
     (
         "both_directions_at_once",
         "bounds the bytes an exchange copies; under the slowdown a rank is descheduled long \
