@@ -16,9 +16,15 @@
 //!
 //! All integers are little-endian `u64`s. A message travels as one frame, or, striped over
 //! several links, as one frame per link covering disjoint ranges; the frame at offset 0 always
-//! travels on link 0, so link 0 sees every message in send order.
+//! travels on link 0, so link 0 sees every message in send order. A message between two ranks
+//! of one host may instead travel as one [`FrameKind::Pull`] frame on link 0, whose bytes on
+//! the wire say where the receiver reads the message in the sender's memory.
 
 use rlx_transport::{CollectiveError, FAILURE_WIRE_LEN, Tag};
+
+/// Payload length of a [`FrameKind::Offer`] frame: the sender's process id, the addresses of
+/// its nonce and of its `accepted` word, and the 16-byte nonce.
+pub(crate) const OFFER_LEN: usize = 40;
 
 /// Encoded size of a [`FrameHeader`].
 pub(crate) const HEADER_LEN: usize = 48;
@@ -35,6 +41,14 @@ pub(crate) enum FrameKind {
     /// A heartbeat: the sender's transport is alive, and this link was silent in its direction
     /// for a while. No payload, no seq of its own; the receiver only notes that it heard.
     Beat = 4,
+    /// A whole message the receiver reads from the sender's memory (same host, see
+    /// `progress/single_copy.rs`): `total` and `len` are the message's length, offset 0, and
+    /// the frame's bytes on the wire are a fixed-size descriptor of where the message lies.
+    Pull = 5,
+    /// An offer to be read by the single-copy path: the sender's process id and where its
+    /// nonce and its `accepted` word lie (`progress/single_copy.rs`). A fixed-size payload,
+    /// no seq of its own; the first frame of link 0 between ranks of one host.
+    Offer = 6,
 }
 
 /// A decoded frame header.
@@ -92,6 +106,8 @@ impl FrameHeader {
             2 => FrameKind::Failure,
             3 => FrameKind::Close,
             4 => FrameKind::Beat,
+            5 => FrameKind::Pull,
+            6 => FrameKind::Offer,
             other => return Err(bad(format!("unknown frame kind {other}"))),
         };
         if bytes[1..8].iter().any(|&b| b != 0) {
@@ -136,6 +152,22 @@ impl FrameHeader {
             FrameKind::Beat => {
                 if header.total != 0 {
                     return Err(bad("heartbeat frame with a payload".to_owned()));
+                }
+            }
+            FrameKind::Offer => {
+                if header.total != OFFER_LEN as u64 || header.len != header.total {
+                    return Err(bad(format!(
+                        "single-copy offer of {} bytes (expected {OFFER_LEN})",
+                        header.total
+                    )));
+                }
+            }
+            FrameKind::Pull => {
+                if header.total == 0 || header.offset != 0 || header.len != header.total {
+                    return Err(bad(format!(
+                        "single-copy frame covering {}+{} of a message of {} bytes (it must cover a whole, non-empty one)",
+                        header.offset, header.len, header.total
+                    )));
                 }
             }
         }
@@ -209,6 +241,10 @@ mod tests {
         assert_eq!(FrameHeader::decode(1, &c.encode(), CAP).unwrap(), c);
         let b = FrameHeader::whole(FrameKind::Beat, Tag::from_raw(0), 0, 0);
         assert_eq!(FrameHeader::decode(1, &b.encode(), CAP).unwrap(), b);
+        let p = FrameHeader::whole(FrameKind::Pull, Tag::op(1, 2, 0), 5, CAP);
+        assert_eq!(FrameHeader::decode(1, &p.encode(), CAP).unwrap(), p);
+        let o = FrameHeader::whole(FrameKind::Offer, Tag::from_raw(0), 0, OFFER_LEN as u64);
+        assert_eq!(FrameHeader::decode(1, &o.encode(), CAP).unwrap(), o);
     }
 
     fn refused(bytes: [u8; HEADER_LEN]) -> String {
@@ -257,6 +293,14 @@ mod tests {
         refused(FrameHeader::whole(FrameKind::Failure, Tag::from_raw(0), 0, 16).encode());
         refused(FrameHeader::whole(FrameKind::Close, Tag::from_raw(0), 0, 1).encode());
         refused(FrameHeader::whole(FrameKind::Beat, Tag::from_raw(0), 0, 1).encode());
+        let partial_pull = FrameHeader {
+            kind: FrameKind::Pull,
+            offset: 0,
+            len: 4,
+            ..overflow
+        };
+        refused(partial_pull.encode());
+        refused(FrameHeader::whole(FrameKind::Offer, Tag::from_raw(0), 0, 8).encode());
         refused([0xAB; HEADER_LEN]);
     }
 

@@ -26,7 +26,7 @@ use crate::bootstrap::{
     BootConfig, Registration, connector_exchange, encode_registration, read_registration,
     store_exchange, store_reply,
 };
-use crate::frame::{FrameHeader, FrameKind, HEADER_LEN};
+use crate::frame::{FrameHeader, FrameKind, HEADER_LEN, OFFER_LEN};
 use crate::handshake::{
     self, Expectation, HELLO_LEN, Hello, MAX_REASON, PROTOCOL_VERSION, REPLY_LEN, Refusal,
     RefusalCode, Reply, Side, VERDICT_DUPLICATE, VERDICT_OK,
@@ -142,6 +142,14 @@ pub fn frame_header(data: &[u8]) -> Verdict {
         ),
         FrameKind::Close => check(header.total == 0, || format!("close frame {header:?}")),
         FrameKind::Beat => check(header.total == 0, || format!("heartbeat frame {header:?}")),
+        FrameKind::Offer => check(
+            header.total == OFFER_LEN as u64 && header.len == header.total,
+            || format!("single-copy offer {header:?}"),
+        ),
+        FrameKind::Pull => check(
+            header.total > 0 && header.offset == 0 && header.len == header.total,
+            || format!("single-copy frame {header:?}"),
+        ),
     }
 }
 
@@ -442,6 +450,10 @@ pub fn seeds() -> Vec<Seed> {
     add("frame_header", "failure", failure.encode().to_vec());
     let close = FrameHeader::whole(FrameKind::Close, Tag::from_raw(0), 0, 0);
     add("frame_header", "close", close.encode().to_vec());
+    let pull = FrameHeader::whole(FrameKind::Pull, Tag::op(1, 7, 0), 2, 1 << 20);
+    add("frame_header", "single-copy", pull.encode().to_vec());
+    let offer = FrameHeader::whole(FrameKind::Offer, Tag::from_raw(0), 0, OFFER_LEN as u64);
+    add("frame_header", "single-copy-offer", offer.encode().to_vec());
     let huge = FrameHeader::whole(FrameKind::Data, Tag::from_raw(0), 0, 1 << 62);
     add("frame_header", "length-2-62", huge.encode().to_vec());
     add(

@@ -16,7 +16,9 @@ use crate::bootstrap::{
 use crate::frame::FrameKind;
 use crate::handshake::job_digest;
 use crate::matching::Outcome;
-use crate::progress::{DEFAULT_HEARTBEAT, DEFAULT_SPIN, Engine, EngineConfig, PeerIo};
+use crate::progress::{
+    DEFAULT_HEARTBEAT, DEFAULT_MIN_SINGLE_COPY, DEFAULT_SPIN, Engine, EngineConfig, PeerIo,
+};
 use crate::sync::{Arc, thread};
 
 /// Default frame cap: the largest message accepted from the wire (`RLX_MAX_FRAME_BYTES`).
@@ -94,6 +96,7 @@ pub struct TcpTransportBuilder {
     ifname: Option<IfnameFilter>,
     spin: Duration,
     heartbeat: Duration,
+    min_single_copy: u64,
     socket_setup: Option<SocketSetup>,
 }
 
@@ -131,6 +134,7 @@ impl Default for TcpTransportBuilder {
             ifname: None,
             spin: DEFAULT_SPIN,
             heartbeat: DEFAULT_HEARTBEAT,
+            min_single_copy: DEFAULT_MIN_SINGLE_COPY,
             socket_setup: None,
         }
     }
@@ -263,8 +267,42 @@ impl TcpTransportBuilder {
         self
     }
 
+    /// Whether large messages to ranks of this host may be read straight from this process's
+    /// memory, and read from theirs (default on, Linux only; `RLX_SINGLE_COPY=0` with
+    /// [`TcpTransport::from_env`] turns it off).
+    ///
+    /// Between two processes of one host a TCP message is copied twice by the kernel, once
+    /// into the socket and once out of it, and one message runs at what one loopback stream
+    /// carries. With this on, a message of at least
+    /// [`single_copy_min_bytes`](Self::single_copy_min_bytes) bytes to a rank of this host is
+    /// copied once, by the receiver, from the sender's buffer into its own (Linux's
+    /// cross-memory attach, as Open MPI's shared-memory transport does it); the send returns
+    /// when the receiver has it. When the transport is built, each rank offers its peers on
+    /// this host to read it, and a peer that can (same user, no `ptrace_scope` or seccomp
+    /// profile forbidding it) says so by writing into its memory; until then, and for good
+    /// where it cannot, their messages go over TCP. Nothing waits for the offers. Ranks in
+    /// other network namespaces count as other hosts. Both ranks of a pair must have it on.
+    pub fn single_copy(mut self, on: bool) -> Self {
+        self.min_single_copy = match on {
+            true if self.min_single_copy == u64::MAX => DEFAULT_MIN_SINGLE_COPY,
+            true => self.min_single_copy,
+            false => u64::MAX,
+        };
+        self
+    }
+
+    /// The smallest message the single-copy path carries (default 256 KiB;
+    /// `RLX_SINGLE_COPY_MIN_BYTES` with [`TcpTransport::from_env`]); smaller ones go over TCP,
+    /// which is as fast for them. Turns the path on.
+    pub fn single_copy_min_bytes(mut self, bytes: u64) -> Self {
+        self.min_single_copy = bytes.clamp(1, u64::MAX - 1);
+        self
+    }
+
     /// Applies the engine's tuning variables of the environment: `RLX_SPIN_US` (see
-    /// [`spin`](Self::spin)) and `RLX_HEARTBEAT_MS` (see [`heartbeat`](Self::heartbeat)).
+    /// [`spin`](Self::spin)), `RLX_HEARTBEAT_MS` (see [`heartbeat`](Self::heartbeat)),
+    /// `RLX_SINGLE_COPY` (`0` or `1`, see [`single_copy`](Self::single_copy)) and
+    /// `RLX_SINGLE_COPY_MIN_BYTES` (see [`single_copy_min_bytes`](Self::single_copy_min_bytes)).
     /// Fails with `Config` when one is set but is not a number.
     pub fn tuning_env(mut self) -> Result<Self> {
         let number = |name: &str| -> Result<Option<u64>> {
@@ -280,6 +318,18 @@ impl TcpTransportBuilder {
         }
         if let Some(ms) = number("RLX_HEARTBEAT_MS")? {
             self.heartbeat = Duration::from_millis(ms);
+        }
+        if let Some(bytes) = number("RLX_SINGLE_COPY_MIN_BYTES")? {
+            self = self.single_copy_min_bytes(bytes);
+        }
+        match number("RLX_SINGLE_COPY")? {
+            None | Some(1) => {}
+            Some(0) => self = self.single_copy(false),
+            Some(other) => {
+                return Err(CollectiveError::config(format!(
+                    "RLX_SINGLE_COPY={other} (0 turns the single-copy path off, 1 leaves it on)"
+                )));
+            }
         }
         Ok(self)
     }
@@ -413,10 +463,12 @@ impl TcpTransportBuilder {
                 op_timeout: self.op_timeout,
                 spin: self.spin,
                 heartbeat: self.heartbeat,
+                min_single_copy: self.min_single_copy,
             },
             peers,
         )
         .map_err(|source| CollectiveError::Io { peer: None, source })?;
+        engine.offer_single_copy();
         let engine = Arc::new(engine);
         let watcher = if world > 1 {
             let e = Arc::clone(&engine);
@@ -486,6 +538,14 @@ impl TcpTransport {
             .launch_env(LaunchEnv::from_env()?)
             .tuning_env()?
             .build()
+    }
+
+    /// Whether this rank reads large messages from `rank` straight from its memory (see
+    /// [`TcpTransportBuilder::single_copy`]): `rank` runs on this host and offered it, and this
+    /// process could read it. The offer is the first frame on the link and is taken when that
+    /// link is first read, so right after the build it may not have been taken yet.
+    pub fn single_copy_from(&self, rank: u32) -> bool {
+        self.engine.pulls_from(rank)
     }
 
     /// The address of `rank`'s first link, when connected.

@@ -27,6 +27,9 @@ pub struct Traffic {
     /// receive into a caller's buffer was waiting for them; the caller pays one more copy for
     /// each. Zero for a schedule whose receives are always posted in time.
     pub copied_bytes: u64,
+    /// Of `received_bytes`, those read straight from the sender's memory by a transport's
+    /// single-copy path between processes of one host, instead of through a socket.
+    pub single_copy_bytes: u64,
 }
 
 impl Traffic {
@@ -36,7 +39,14 @@ impl Traffic {
             sent_bytes,
             received_bytes,
             copied_bytes,
+            single_copy_bytes: 0,
         }
+    }
+
+    /// These counters with `bytes` of the received ones read by a single-copy path.
+    pub const fn with_single_copy(mut self, bytes: u64) -> Self {
+        self.single_copy_bytes = bytes;
+        self
     }
 }
 

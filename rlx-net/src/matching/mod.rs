@@ -22,7 +22,7 @@
 use rlx_transport::{CollectiveError, Failure, Tag};
 
 use crate::error::Lost;
-use crate::frame::{FrameHeader, Striping};
+use crate::frame::{FrameHeader, FrameKind, Striping};
 
 mod peer;
 #[cfg(all(test, not(rlx_loom)))]
@@ -435,7 +435,11 @@ impl State {
     ) -> Result<Landing, CollectiveError> {
         let (seq, tag, total) = (header.seq, header.tag, header.total);
         let budget = self.budget;
-        let stripes = Striping::new(total, self.links, self.min_striped);
+        // A pulled message is read whole by one thread, whatever the number of links.
+        let stripes = match header.kind {
+            FrameKind::Pull => Striping::new(total, 1, u64::MAX),
+            _ => Striping::new(total, self.links, self.min_striped),
+        };
         if stripes.range(0) != (header.offset, header.len) {
             return Err(CollectiveError::protocol(
                 Some(from),

@@ -25,6 +25,9 @@ pub(crate) struct EngineConfig {
     /// Heartbeat interval of every link (zero: no heartbeats, no silence detection); see
     /// `heartbeat.rs`.
     pub(crate) heartbeat: Duration,
+    /// The smallest message sent to a rank of this host by the single-copy path
+    /// (`single_copy.rs`); `u64::MAX` turns the path off.
+    pub(crate) min_single_copy: u64,
 }
 
 /// A raw destination address that crosses threads with the link state that uses it.

@@ -26,12 +26,14 @@
 //! socket-free matching state, wake-up rule and receive loop (the part the loom models check);
 //! `recv.rs` the engine's socket side of that loop; `catch_up.rs` the reading of every link
 //! after this process was stopped; `service.rs` the link service that lands
-//! frames; `send.rs` the send path; `exchange.rs` a send and a receive run together by one
+//! frames; `send.rs` the send path; `single_copy.rs` large messages between ranks of one host
+//! read straight from the sender's memory, over the OS calls of `cross_memory.rs`; `exchange.rs` a send and a receive run together by one
 //! thread; `traffic.rs` the byte counters; `watch.rs` the background watcher; `heartbeat.rs`
 //! the heartbeats and the silence rule; `link.rs` the per-peer sockets and link state;
 //! `socket.rs` the OS calls (`poll(2)`, vectored sends, wake-up sockets).
 
 mod catch_up;
+mod cross_memory;
 mod exchange;
 mod heartbeat;
 mod hub;
@@ -39,6 +41,7 @@ mod link;
 mod recv;
 mod send;
 mod service;
+mod single_copy;
 mod socket;
 mod traffic;
 mod watch;
@@ -57,6 +60,7 @@ use crate::sync::{AtomicBool, Mutex, lock};
 pub(crate) use heartbeat::DEFAULT_HEARTBEAT;
 
 use self::catch_up::CatchUp;
+use self::single_copy::SingleCopy;
 use self::traffic::TrafficCounters;
 
 pub(crate) use hub::Hub;
@@ -64,6 +68,7 @@ pub(crate) use hub::Hub;
 #[cfg(rlx_loom)]
 pub(crate) use hub::{DriveEnd, Links};
 pub(crate) use link::{EngineConfig, PeerIo};
+pub(crate) use single_copy::DEFAULT_MIN_SINGLE_COPY;
 use socket::{WakeWrite, read_some, same_host_congestion_control, send_vectored};
 
 /// Default of [`EngineConfig::spin`]: how long a thread that waits for its own receive spins
@@ -87,6 +92,7 @@ pub(crate) struct Engine {
     self_seq: Mutex<u64>,
     traffic: TrafficCounters,
     catch_up: CatchUp,
+    single_copy: SingleCopy,
 }
 
 impl Engine {
@@ -129,6 +135,7 @@ impl Engine {
             self_seq: Mutex::new(0),
             traffic: TrafficCounters::default(),
             catch_up: CatchUp::new(),
+            single_copy: SingleCopy::new(world),
         })
     }
 

@@ -1,5 +1,6 @@
-//! The send path: writes a message's frames (striped over the links of a peer), and while a
-//! write blocks reads every free link so that ranks sending to each other cannot deadlock.
+//! The send path: writes a message's frames (striped over the links of a peer, or one
+//! single-copy frame to a rank of this host), and while a write blocks reads every free link so
+//! that ranks sending to each other cannot deadlock.
 
 use std::cell::RefCell;
 use std::io;
@@ -18,6 +19,7 @@ use super::exchange::Companion;
 use super::hub::take_free_links;
 use super::link::PeerIo;
 use super::service::Service;
+use super::single_copy::DESCRIPTOR_LEN;
 use super::socket::{POLL_FDS, poll, pollfd, write_frame};
 
 /// A sender reading other links while its write blocks re-checks who wants them this often.
@@ -97,17 +99,25 @@ impl Engine {
             },
         };
         let seq = tx.next_seq;
+        // A large message to a rank of this host goes as a descriptor the peer reads it by
+        // (`single_copy.rs`); the frame's lengths stay the message's.
+        let pull = kind == FrameKind::Data && self.pulls_to(to, total, parts.len());
+        let descriptor = pull.then(|| self.offer(to, seq, parts));
+        let descriptor_parts: [&[u8]; 1] = [descriptor.as_ref().map_or(&[][..], |d| &d[..])];
+        let wire: &[&[u8]] = if pull { &descriptor_parts } else { parts };
         let stripes = match kind {
+            _ if pull => Striping::new(DESCRIPTOR_LEN as u64, 1, u64::MAX),
             FrameKind::Data => Striping::new(total, io.links.len(), self.cfg.min_striped),
             _ => Striping::new(total, 1, u64::MAX),
         };
+        let frame_kind = if pull { FrameKind::Pull } else { kind };
         let mut headers = [[0u8; HEADER_LEN]; 64];
         let mut sent = [0u64; 64];
         let count = stripes.count().min(64);
         for (i, header) in headers.iter_mut().enumerate().take(count) {
-            let (offset, len) = stripes.range(i);
+            let (offset, len) = if pull { (0, total) } else { stripes.range(i) };
             *header = FrameHeader {
-                kind,
+                kind: frame_kind,
                 tag,
                 seq,
                 total,
@@ -129,14 +139,7 @@ impl Engine {
                     continue;
                 }
                 done = false;
-                match write_frame(
-                    &io.links[i].stream,
-                    &headers[i],
-                    parts,
-                    offset,
-                    len,
-                    sent[i],
-                ) {
+                match write_frame(&io.links[i].stream, &headers[i], wire, offset, len, sent[i]) {
                     Ok(n) => {
                         sent[i] += n as u64;
                         progress |= n > 0;
@@ -213,7 +216,15 @@ impl Engine {
             };
             self.wait_writable(io, pending, until.map(|d| d.saturating_duration_since(now)));
         }
-        tx.next_seq += 1;
+        // An offer is the link's business, not a message: it has no place in the order.
+        if kind != FrameKind::Offer {
+            tx.next_seq += 1;
+        }
+        if pull {
+            // The link stays this message's (the send lock held) until the peer has read it,
+            // so that nothing overtakes it and the caller's buffer stays untouched meanwhile.
+            self.wait_taken(to, io, seq, total, companion, deadline)?;
+        }
         if kind == FrameKind::Data {
             self.traffic.sent(total);
         }
@@ -262,7 +273,7 @@ impl Engine {
 
     /// Waits until one of the `pending` links of `io` is writable, reading every free link of
     /// every peer meanwhile so that senders facing each other both make progress.
-    fn wait_writable(&self, io: &PeerIo, pending: u64, wait: Option<Duration>) {
+    pub(super) fn wait_writable(&self, io: &PeerIo, pending: u64, wait: Option<Duration>) {
         HELD.with(|held| {
             let mut held = held.borrow_mut();
             held.clear();

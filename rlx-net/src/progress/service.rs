@@ -1,18 +1,19 @@
 //! The link service: the reader side that decodes frame headers on one link, lands payloads in
-//! the caller's buffer, an owned buffer or nowhere, and accounts the bytes in the matching
-//! state.
+//! the caller's buffer, an owned buffer or nowhere (read from the socket, or from the sender's
+//! memory for a single-copy frame), and accounts the bytes in the matching state.
 
 use std::io;
 
 use rlx_transport::{CollectiveError, FAILURE_WIRE_LEN, Failure};
 
 use crate::error::{Lost, protocol_lost};
-use crate::frame::{FrameHeader, FrameKind, HEADER_LEN};
+use crate::frame::{FrameHeader, FrameKind, HEADER_LEN, OFFER_LEN};
 use crate::matching::{Landing, PostId};
 use crate::sync::lock;
 
 use super::Engine;
 use super::link::{Land, Link, LinkRx, Payload, RawDest};
+use super::single_copy::{DESCRIPTOR_LEN, descriptor};
 
 /// Payloads at least this long (with nothing staged) are read straight into their destination.
 const DIRECT_READ_MIN: u64 = 16 * 1024;
@@ -160,6 +161,63 @@ impl Engine {
                     rx.header = None;
                     self.hub.wake();
                     if done {
+                        return Ok(Service::OwnDone);
+                    }
+                    return Ok(Service::Progress);
+                }
+                FrameKind::Offer => {
+                    if rx.staged() < OFFER_LEN {
+                        match rx.fill(link) {
+                            Ok(0) => return Err(self.lost_eof(from)),
+                            Ok(_) => continue,
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                return Ok(Service::Idle);
+                            }
+                            Err(e) => return Err(self.lost_from_io(from, "reading", &e)),
+                        }
+                    }
+                    self.take_offer(from, &rx.staging[rx.start..rx.start + OFFER_LEN]);
+                    rx.start += OFFER_LEN;
+                    rx.header = None;
+                    continue;
+                }
+                FrameKind::Pull => {
+                    if rx.staged() < DESCRIPTOR_LEN {
+                        match rx.fill(link) {
+                            Ok(0) => return Err(self.lost_eof(from)),
+                            Ok(_) => continue,
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                return Ok(Service::Idle);
+                            }
+                            Err(e) => return Err(self.lost_from_io(from, "reading", &e)),
+                        }
+                    }
+                    if k != 0 {
+                        return Err(protocol_lost(CollectiveError::protocol(
+                            Some(from),
+                            format!("single-copy frame on link {k} (only link 0 carries them)"),
+                        )));
+                    }
+                    let desc = descriptor(from, &rx.staging[rx.start..], header.total)?;
+                    let mut st = lock(&self.hub.state);
+                    let landing = st
+                        .on_first_frame(from, &header, own_id)
+                        .map_err(protocol_lost)?;
+                    let land = match landing {
+                        Landing::Park => {
+                            st.peers[from as usize].links[k].parked = true;
+                            return Ok(Service::Parked);
+                        }
+                        Landing::Caller => Land::Caller,
+                        Landing::Owned(ptr) => Land::Owned(RawDest(ptr)),
+                        Landing::Discard => Land::Discard,
+                    };
+                    st.peers[from as usize].links[k].parked = false;
+                    drop(st);
+                    rx.start += DESCRIPTOR_LEN;
+                    rx.header = None;
+                    self.take_pulled(from, &header, &desc, land, own.as_deref_mut())?;
+                    if self.account(from, header.seq, header.total, own_id)? {
                         return Ok(Service::OwnDone);
                     }
                     return Ok(Service::Progress);

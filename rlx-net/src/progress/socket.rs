@@ -35,13 +35,20 @@ thread_local! {
 /// choice) the link keeps the default, which works, only slower.
 #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
 pub(super) fn same_host_congestion_control(stream: &TcpStream) {
-    let same_host = match (stream.peer_addr(), stream.local_addr()) {
-        (Ok(peer), Ok(local)) => peer.ip().is_loopback() || peer.ip() == local.ip(),
-        _ => false,
-    };
-    if same_host {
+    if peer_on_this_host(stream) {
         // Ignored on failure, as documented above.
         let _ = socket2::SockRef::from(stream).set_tcp_congestion(b"reno");
+    }
+}
+
+/// Whether the other end of `stream` runs on this host (in this network namespace): it is
+/// reached over loopback, or its address is this end's own. A peer in another network
+/// namespace of the same machine counts as another host, as the machines it stands in for in
+/// tests would.
+pub(super) fn peer_on_this_host(stream: &TcpStream) -> bool {
+    match (stream.peer_addr(), stream.local_addr()) {
+        (Ok(peer), Ok(local)) => peer.ip().is_loopback() || peer.ip() == local.ip(),
+        _ => false,
     }
 }
 

@@ -12,6 +12,7 @@ pub(crate) struct TrafficCounters {
     sent: AtomicU64,
     received: AtomicU64,
     copied: AtomicU64,
+    single_copy: AtomicU64,
 }
 
 impl TrafficCounters {
@@ -28,6 +29,13 @@ impl TrafficCounters {
         }
     }
 
+    /// Counts a message of `bytes` read from the sender's memory, `owned` when it landed in
+    /// the engine's buffer.
+    pub(crate) fn received_single_copy(&self, bytes: u64, owned: bool) {
+        self.received(bytes, owned);
+        self.single_copy.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// The counters now.
     pub(crate) fn snapshot(&self) -> Traffic {
         Traffic::new(
@@ -35,5 +43,6 @@ impl TrafficCounters {
             self.received.load(Ordering::Relaxed),
             self.copied.load(Ordering::Relaxed),
         )
+        .with_single_copy(self.single_copy.load(Ordering::Relaxed))
     }
 }

@@ -1,0 +1,519 @@
+//! The single-copy path: a large message between two ranks of one host moves in one kernel
+//! copy, from the sender's buffer straight into the receiver's, instead of two copies through
+//! a loopback TCP stream (user to socket buffer, socket buffer to user).
+//!
+//! Over loopback every byte of a TCP message is copied twice, both copies on the two ranks'
+//! cores, and one message runs at what one stream carries. Open MPI's shared-memory transport
+//! and NCCL's do the same as this: the sender publishes where its bytes are, the receiver
+//! reads them with cross-memory attach (`cross_memory.rs`), and tells the sender it is done.
+//!
+//! The protocol, for a message of at least [`EngineConfig::min_single_copy`] bytes to a peer
+//! that passed the probe:
+//! 1. The sender, holding the peer's send lock for the whole message, stores the message's
+//!    ticket (its sequence number plus one) in its `offered` word and writes a
+//!    [`FrameKind::Pull`] frame on link 0: a header whose lengths are the message's, followed by
+//!    a [`Descriptor`] of where the message's parts lie in its memory and where its `offered`
+//!    and `taken` words are. The link carries nothing else until the message is done, so the
+//!    frame keeps its place in the message order.
+//! 2. The receiver matches the frame like the first frame of any message (a posted receive,
+//!    the unexpected budget, or parking when neither takes it) and reads the parts from the
+//!    sender's memory into the destination. It then reads the sender's `offered` word: if it
+//!    no longer holds the ticket, the sender gave up on the message (its deadline passed, its
+//!    transport was aborted) and may have reused the buffer meanwhile, so the bytes are not
+//!    trusted and the peer is lost. Otherwise it writes the ticket into the sender's `taken`
+//!    word.
+//! 3. The sender waits until `taken` holds the ticket: spinning while the copy should take,
+//!    then in short sleeps, reading every free link meanwhile as a blocked sender does, so
+//!    that two ranks sending to each other both make progress. Giving up clears `offered`
+//!    first and makes the peer lost, as a send that timed out mid-message does.
+//!
+//! The probe, run once when the transport is built: every rank sends each peer on this host
+//! (reached over loopback or at its own address, see `peer_on_this_host`) whether it is willing
+//! (`RLX_SINGLE_COPY` is not `0`), its process id and the address and value of a random nonce
+//! of its own; a willing rank reads the nonce from the claimed process and answers whether the
+//! bytes matched. A rank sends by pull only to peers that read its nonce, and reads by pull
+//! only from the process whose nonce it read, so a peer cannot make it read or write in a
+//! process other than the peer's own, and a missing permission (another user, Yama's
+//! `ptrace_scope`, a seccomp profile) leaves the path off instead of failing a message.
+//!
+//! The `offered` and `taken` words are `std` atomics even under loom: the peer process
+//! writes and reads them through the kernel, which no model can follow.
+//!
+//! [`EngineConfig::min_single_copy`]: super::EngineConfig::min_single_copy
+//! [`FrameKind::Pull`]: crate::frame::FrameKind::Pull
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rlx_transport::{CollectiveError, Tag};
+
+use crate::error::{Lost, protocol_lost};
+use crate::frame::{FrameHeader, FrameKind, OFFER_LEN};
+
+use super::Engine;
+use super::cross_memory;
+use super::exchange::Companion;
+use super::link::{Land, PeerIo};
+use super::service::Own;
+use super::socket::peer_on_this_host;
+
+/// Most parts (slices of the caller's) a pulled message may have; a message in more parts is
+/// sent over TCP.
+pub(crate) const MAX_PARTS: usize = 4;
+
+/// Encoded size of a [`Descriptor`].
+pub(crate) const DESCRIPTOR_LEN: usize = 24 + 16 * MAX_PARTS;
+
+/// Default of [`EngineConfig::min_single_copy`](super::EngineConfig::min_single_copy): below
+/// this the loopback stream is as fast, and the round trip of the `taken` word costs more than
+/// the copy it saves.
+pub(crate) const DEFAULT_MIN_SINGLE_COPY: u64 = 256 << 10;
+
+/// How fast the sender expects the receiver to copy, to decide how long it spins for the
+/// `taken` word before it sleeps between looks (a conservative memory-copy rate).
+const EXPECTED_COPY_BYTES_PER_SEC: u64 = 2 << 30;
+
+/// The longest sleep between two looks at the `taken` word.
+const LONGEST_NAP: Duration = Duration::from_millis(1);
+
+/// How long the offer waits for its socket (it is the first frame on an empty link).
+const OFFER_WAIT: Duration = Duration::from_millis(100);
+
+/// Where the bytes of a pulled message lie in the sender's memory, and the sender's words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Descriptor {
+    /// Address of the sender's `offered` word.
+    pub(crate) offered: u64,
+    /// Address of the sender's `taken` word.
+    pub(crate) taken: u64,
+    /// `(address, length)` of each part, in message order.
+    pub(crate) parts: [(u64, u64); MAX_PARTS],
+    /// How many entries of `parts` are used.
+    pub(crate) count: usize,
+}
+
+impl Descriptor {
+    /// The descriptor's bytes: `offered`, `taken`, the part count, then `MAX_PARTS` pairs of
+    /// address and length (unused ones zero), all little-endian `u64`s.
+    pub(crate) fn encode(&self) -> [u8; DESCRIPTOR_LEN] {
+        let mut out = [0u8; DESCRIPTOR_LEN];
+        out[0..8].copy_from_slice(&self.offered.to_le_bytes());
+        out[8..16].copy_from_slice(&self.taken.to_le_bytes());
+        out[16..24].copy_from_slice(&(self.count as u64).to_le_bytes());
+        for (i, (addr, len)) in self.parts.iter().enumerate() {
+            let at = 24 + 16 * i;
+            out[at..at + 8].copy_from_slice(&addr.to_le_bytes());
+            out[at + 8..at + 16].copy_from_slice(&len.to_le_bytes());
+        }
+        out
+    }
+
+    /// Decodes and checks a descriptor from `peer` for a message of `total` bytes: the parts
+    /// must add up to exactly `total`, and unused entries must be zero.
+    pub(crate) fn decode(
+        peer: u32,
+        bytes: &[u8; DESCRIPTOR_LEN],
+        total: u64,
+    ) -> Result<Self, CollectiveError> {
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&bytes[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        let bad = |detail: String| CollectiveError::protocol(Some(peer), detail);
+        let count = word(16);
+        if count == 0 || count > MAX_PARTS as u64 {
+            return Err(bad(format!(
+                "single-copy descriptor with {count} parts (1 to {MAX_PARTS} are allowed)"
+            )));
+        }
+        let mut parts = [(0u64, 0u64); MAX_PARTS];
+        let mut sum = 0u64;
+        for (i, part) in parts.iter_mut().enumerate() {
+            *part = (word(24 + 16 * i), word(32 + 16 * i));
+            if i as u64 >= count && *part != (0, 0) {
+                return Err(bad(
+                    "single-copy descriptor with stray part bytes".to_owned()
+                ));
+            }
+            sum = sum.checked_add(part.1).ok_or_else(|| {
+                bad("single-copy descriptor whose part lengths overflow".to_owned())
+            })?;
+        }
+        if sum != total {
+            return Err(bad(format!(
+                "single-copy descriptor covers {sum} bytes of a message of {total}"
+            )));
+        }
+        Ok(Self {
+            offered: word(0),
+            taken: word(8),
+            parts,
+            count: count as usize,
+        })
+    }
+}
+
+/// What this rank knows and publishes for one peer.
+#[derive(Debug, Default)]
+struct PeerCopy {
+    /// The peer's process id once this rank read its nonce there (0: never).
+    pull_from: AtomicU32,
+    /// The peer read this rank's nonce and wrote 1 here: large messages to it go by pull.
+    accepted: AtomicU64,
+    /// The ticket of the message this rank offers the peer now (0: none).
+    offered: AtomicU64,
+    /// The ticket of the last message the peer has taken.
+    taken: AtomicU64,
+}
+
+/// The single-copy state of one engine.
+#[derive(Debug)]
+pub(crate) struct SingleCopy {
+    /// Indexed by rank. Boxed, so that the words' addresses, which the peers hold, stay put.
+    peers: Box<[PeerCopy]>,
+    nonce: Box<[u8; 16]>,
+}
+
+impl SingleCopy {
+    pub(crate) fn new(world: u32) -> Self {
+        let mut nonce = Box::new([0u8; 16]);
+        // Without randomness the nonce stays zero: the probe then still proves the peer can
+        // read this process, only not that the process it named is this one, which the local
+        // address already made likely.
+        let _ = getrandom::fill(&mut nonce[..]);
+        Self {
+            peers: (0..world).map(|_| PeerCopy::default()).collect(),
+            nonce,
+        }
+    }
+
+    fn peer(&self, rank: u32) -> Option<&PeerCopy> {
+        self.peers.get(rank as usize)
+    }
+}
+
+impl Engine {
+    /// Whether a message of `total` bytes in `parts` to `to` goes by pull.
+    pub(super) fn pulls_to(&self, to: u32, total: u64, parts: usize) -> bool {
+        total >= self.cfg.min_single_copy
+            && parts <= MAX_PARTS
+            && self
+                .single_copy
+                .peer(to)
+                .is_some_and(|p| p.accepted.load(Ordering::Relaxed) == 1)
+    }
+
+    /// Publishes message `seq` to `to` as offered and returns its descriptor.
+    pub(super) fn offer(&self, to: u32, seq: u64, parts: &[&[u8]]) -> [u8; DESCRIPTOR_LEN] {
+        let mut desc = Descriptor {
+            offered: 0,
+            taken: 0,
+            parts: [(0, 0); MAX_PARTS],
+            count: parts.len().min(MAX_PARTS),
+        };
+        for (slot, part) in desc.parts.iter_mut().zip(parts) {
+            *slot = (part.as_ptr() as usize as u64, part.len() as u64);
+        }
+        if let Some(p) = self.single_copy.peer(to) {
+            p.offered.store(seq + 1, Ordering::SeqCst);
+            desc.offered = p.offered.as_ptr() as usize as u64;
+            desc.taken = p.taken.as_ptr() as usize as u64;
+        }
+        desc.encode()
+    }
+
+    /// Withdraws the offer to `to`: from now on the peer does not trust what it reads.
+    fn withdraw_offer(&self, to: u32) {
+        if let Some(p) = self.single_copy.peer(to) {
+            p.offered.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Waits until `to` has taken message `seq` of `total` bytes, moving the exchange's
+    /// receive on meanwhile when there is one. Giving up (abort, lost peer, deadline) first
+    /// withdraws the offer, so that the caller's buffer may be reused at once.
+    pub(super) fn wait_taken(
+        &self,
+        to: u32,
+        io: &PeerIo,
+        seq: u64,
+        total: u64,
+        mut companion: Option<&mut Companion<'_>>,
+        deadline: Option<Instant>,
+    ) -> Result<(), CollectiveError> {
+        let Some(words) = self.single_copy.peer(to) else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        let expected =
+            Duration::from_nanos(total.saturating_mul(1_000_000_000) / EXPECTED_COPY_BYTES_PER_SEC);
+        let spin = self.cfg.spin.max(expected);
+        let mut nap = Duration::from_micros(20);
+        loop {
+            if words.taken.load(Ordering::SeqCst) == seq + 1 {
+                return Ok(());
+            }
+            if let Some(c) = companion.as_deref_mut() {
+                if self.serve_companion(c) {
+                    continue;
+                }
+            }
+            let failed = if self.is_aborted() {
+                Some(CollectiveError::Aborted)
+            } else {
+                crate::sync::lock(&self.hub.state).peers[to as usize]
+                    .lost
+                    .clone()
+                    .map(|lost| lost.error(to))
+            };
+            if let Some(err) = failed {
+                self.withdraw_offer(to);
+                // The peer may have taken it just before.
+                if words.taken.load(Ordering::SeqCst) == seq + 1 {
+                    return Ok(());
+                }
+                return Err(err);
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                self.withdraw_offer(to);
+                if words.taken.load(Ordering::SeqCst) == seq + 1 {
+                    return Ok(());
+                }
+                let after = self.cfg.op_timeout;
+                self.lose(
+                    to,
+                    Lost::Gone(format!(
+                        "a send to it timed out after {after:?} before it took the message (link to {} unusable)",
+                        io.addr
+                    )),
+                );
+                return Err(CollectiveError::Timeout {
+                    peer: Some(to),
+                    op: "send",
+                    after,
+                });
+            }
+            if now.duration_since(started) < spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            // The peer has not taken it within the copy's time: it is busy elsewhere, or
+            // blocked sending to this rank. Read the links meanwhile, in growing naps.
+            match companion.as_deref_mut().filter(|c| c.reading()) {
+                Some(c) => {
+                    self.wait_exchange(io, 0, c);
+                }
+                None if nap >= LONGEST_NAP => self.wait_writable(io, 0, Some(nap)),
+                None => std::thread::sleep(nap),
+            }
+            nap = (nap * 2).min(LONGEST_NAP);
+        }
+    }
+
+    /// Reads pulled message `seq` of `header.total` bytes from `from` into its destination,
+    /// checks that the sender still offers it, and tells the sender it was taken.
+    pub(super) fn take_pulled(
+        &self,
+        from: u32,
+        header: &FrameHeader,
+        desc: &Descriptor,
+        land: Land,
+        own: Option<&mut Own<'_>>,
+    ) -> Result<(), Lost> {
+        let pid = self
+            .single_copy
+            .peer(from)
+            .map_or(0, |p| p.pull_from.load(Ordering::Relaxed));
+        if pid == 0 {
+            return Err(Lost::Protocol(format!(
+                "single-copy frame from rank {from}, which did not prove it runs on this host"
+            )));
+        }
+        let total = header.total;
+        let ranges = &desc.parts[..desc.count];
+        let copied = match land {
+            Land::Caller => match own.and_then(|o| o.buf.as_deref_mut()) {
+                Some(buf) => cross_memory::read_from(pid, ranges, &mut buf[..total as usize]),
+                None => {
+                    return Err(Lost::Protocol(format!(
+                        "frame from rank {from} addressed a receive buffer that is not present"
+                    )));
+                }
+            },
+            Land::Owned(dest) => {
+                // SAFETY: see `RawDest`: the owned buffer of this arriving message is `total`
+                // bytes long, and this link alone writes it (a pulled message is one stripe).
+                let slice = unsafe { std::slice::from_raw_parts_mut(dest.0, total as usize) };
+                cross_memory::read_from(pid, ranges, slice)
+            }
+            Land::Discard => Ok(()),
+        };
+        let addr = self.peers.get(from as usize).and_then(|p| p.as_ref());
+        let addr = addr.map_or("an unknown address", |p| p.addr.as_str());
+        let failed = |what: &str, e: std::io::Error| {
+            Lost::Gone(format!(
+                "{what} of process {pid} (rank {from} at {addr}) failed: {e}"
+            ))
+        };
+        copied.map_err(|e| failed(&format!("the single-copy read of {total} bytes"), e))?;
+        let mut offered = [0u8; 8];
+        cross_memory::read_from(pid, &[(desc.offered, 8)], &mut offered)
+            .map_err(|e| failed("reading the offer word", e))?;
+        let ticket = header.seq + 1;
+        if u64::from_ne_bytes(offered) != ticket {
+            return Err(Lost::Gone(format!(
+                "rank {from} at {addr} withdrew message {} while it was being read (its send gave up)",
+                header.seq
+            )));
+        }
+        cross_memory::write_word(pid, desc.taken, ticket)
+            .map_err(|e| failed("writing the taken word", e))?;
+        self.traffic
+            .received_single_copy(total, matches!(land, Land::Owned(_)));
+        Ok(())
+    }
+
+    /// Offers every peer on this host to read this process (see the module docs): one
+    /// [`FrameKind::Offer`] frame on its first link, written before any message. Nothing waits
+    /// for an answer; until one arrives, messages to that peer go over TCP.
+    pub(crate) fn offer_single_copy(&self) {
+        if !cross_memory::SUPPORTED || self.cfg.min_single_copy == u64::MAX {
+            return;
+        }
+        for peer in 0..self.world {
+            let Some(Some(io)) = self.peers.get(peer as usize) else {
+                continue;
+            };
+            let Some(words) = self.single_copy.peer(peer) else {
+                continue;
+            };
+            if !io
+                .links
+                .first()
+                .is_some_and(|l| peer_on_this_host(&l.stream))
+            {
+                continue;
+            }
+            let mut offer = [0u8; OFFER_LEN];
+            offer[0..8].copy_from_slice(&u64::from(cross_memory::own_pid()).to_le_bytes());
+            let nonce = self.single_copy.nonce.as_ptr() as usize as u64;
+            offer[8..16].copy_from_slice(&nonce.to_le_bytes());
+            let accepted = words.accepted.as_ptr() as usize as u64;
+            offer[16..24].copy_from_slice(&accepted.to_le_bytes());
+            offer[24..40].copy_from_slice(&self.single_copy.nonce[..]);
+            // A link that does not take these few bytes at once is broken or about to be;
+            // the path simply stays off for it.
+            let sent = self.try_send(
+                peer,
+                FrameKind::Offer,
+                Tag::from_raw(0),
+                &[&offer],
+                OFFER_WAIT,
+            );
+            tracing::debug!(peer, ?sent, "single-copy offer");
+        }
+    }
+
+    /// Takes `peer`'s offer (the bytes of a [`FrameKind::Offer`] frame): when this rank is
+    /// willing and the nonce is where the peer says, in the process it names, this rank reads
+    /// the peer's large messages from that process from now on, and writes the peer's
+    /// `accepted` word so that it starts sending them by pull. Anything else leaves the path
+    /// off for that peer and is not an error: the offer is an optimisation.
+    pub(super) fn take_offer(&self, peer: u32, offer: &[u8]) {
+        if !cross_memory::SUPPORTED || self.cfg.min_single_copy == u64::MAX {
+            return;
+        }
+        let Some(words) = self.single_copy.peer(peer) else {
+            return;
+        };
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&offer[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        let pid = u32::try_from(word(0)).unwrap_or(0);
+        let mut seen = [0u8; 16];
+        let proven = pid != 0
+            && cross_memory::read_from(pid, &[(word(8), 16)], &mut seen).is_ok()
+            && seen[..] == offer[24..40];
+        if !proven {
+            tracing::debug!(
+                peer,
+                pid,
+                "single-copy offer not taken: its nonce was not readable"
+            );
+            return;
+        }
+        // The first proven process stays the peer's: a later offer naming another is ignored.
+        let current =
+            match words
+                .pull_from
+                .compare_exchange(0, pid, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => pid,
+                Err(current) => current,
+            };
+        if current != pid {
+            return;
+        }
+        match cross_memory::write_word(pid, word(16), 1) {
+            Ok(()) => tracing::debug!(peer, pid, "single-copy offer taken"),
+            Err(e) => tracing::debug!(peer, pid, %e, "single-copy offer not answered"),
+        }
+    }
+
+    /// Whether this rank reads large messages from `peer` by pull (for tests and tools).
+    pub(crate) fn pulls_from(&self, peer: u32) -> bool {
+        self.single_copy
+            .peer(peer)
+            .is_some_and(|p| p.pull_from.load(Ordering::Relaxed) != 0)
+    }
+}
+
+/// Decodes a pulled frame's descriptor, as a protocol failure of the peer when it is bad.
+pub(super) fn descriptor(from: u32, bytes: &[u8], total: u64) -> Result<Descriptor, Lost> {
+    let mut raw = [0u8; DESCRIPTOR_LEN];
+    raw.copy_from_slice(&bytes[..DESCRIPTOR_LEN]);
+    Descriptor::decode(from, &raw, total).map_err(protocol_lost)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_round_trip_and_bad_ones_are_refused() {
+        let d = Descriptor {
+            offered: 0x1000,
+            taken: 0x1008,
+            parts: [(0x7000, 100), (0x9000, 28), (0, 0), (0, 0)],
+            count: 2,
+        };
+        assert_eq!(Descriptor::decode(3, &d.encode(), 128).unwrap(), d);
+        let refused =
+            |bytes: [u8; DESCRIPTOR_LEN], total: u64| match Descriptor::decode(3, &bytes, total) {
+                Err(CollectiveError::Protocol {
+                    peer: Some(3),
+                    detail,
+                }) => detail,
+                other => panic!("expected a protocol error, got {other:?}"),
+            };
+        assert!(refused(d.encode(), 129).contains("128 bytes of a message of 129"));
+        let mut none = d;
+        none.count = 0;
+        refused(none.encode(), 128);
+        let mut many = d.encode();
+        many[16..24].copy_from_slice(&5u64.to_le_bytes());
+        refused(many, 128);
+        let mut stray = d.encode();
+        stray[24 + 16 * 3] = 1;
+        refused(stray, 128);
+        let huge = Descriptor {
+            parts: [(1, u64::MAX), (2, u64::MAX), (0, 0), (0, 0)],
+            ..d
+        };
+        refused(huge.encode(), u64::MAX);
+    }
+}

@@ -1,0 +1,213 @@
+//! The single-copy path between ranks of one host: large messages read straight from the
+//! sender's memory land exactly, in every way a message can land (a posted buffer, an
+//! exchange, the unexpected queue, several parts), the traffic counters show that they took
+//! the path, switching it off on one rank keeps both directions on TCP, and a sender that gives
+//! up on a message leaves the receiver with an error, never with bytes it cannot trust.
+
+mod common;
+
+use std::time::Duration;
+
+use common::in_process::shared_world;
+use common::{assert_all_ok, free_port, pattern, rlx_env, spawn, wait_all};
+use rlx_transport::{CollectiveError, Tag, Transport};
+
+/// Around the default threshold (256 KiB), and past the socket buffers and several segments.
+const SIZES: &[usize] = &[1, (256 << 10) - 1, 256 << 10, (1 << 20) + 3, (16 << 20) + 5];
+
+const THRESHOLD: usize = 256 << 10;
+
+/// Two rounds of small messages between every pair: after them every peer has read this
+/// rank's first link, and so has taken its offer, before any large message goes out.
+fn settle(t: &dyn Transport) -> Result<(), String> {
+    let (rank, n) = (t.rank(), t.world_size());
+    for round in 0..2u32 {
+        for peer in (0..n).filter(|&p| p != rank) {
+            t.send_bytes(peer, 50 + round, &[rank as u8])
+                .map_err(|e| e.to_string())?;
+        }
+        for peer in (0..n).filter(|&p| p != rank) {
+            t.recv_bytes(peer, 50 + round).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+/// `bytes` cut into one to three parts, as a vectored send gives them.
+fn parts(bytes: &[u8], index: usize) -> Vec<&[u8]> {
+    let cuts = index % 3 + 1;
+    let step = bytes.len().div_ceil(cuts).max(1);
+    bytes.chunks(step).collect()
+}
+
+/// Every size to every peer before any receive (the unexpected queue), then every size by
+/// exchange around the ring into posted buffers; each message checked byte for byte, then the
+/// counters against the sizes at or above the threshold.
+fn exact_worker() -> Result<(), String> {
+    let t = common::from_env()?;
+    let (rank, n) = (t.rank(), t.world_size());
+    let e = |what: &str, err: CollectiveError| format!("rank {rank}, {what}: {err}");
+    settle(&t)?;
+    for peer in (0..n).filter(|&p| p != rank) {
+        for (i, &len) in SIZES.iter().enumerate() {
+            let bytes = pattern(rank, i as u64, len);
+            let tag = Tag::user(i as u32).map_err(|err| e("tag", err))?;
+            t.send_message(peer, tag, &parts(&bytes, i))
+                .map_err(|err| e("send", err))?;
+        }
+    }
+    for peer in (0..n).filter(|&p| p != rank) {
+        for (i, &len) in SIZES.iter().enumerate() {
+            let got = t.recv_bytes(peer, i as u32).map_err(|err| e("recv", err))?;
+            if got != pattern(peer, i as u64, len) {
+                return Err(format!("rank {rank}: {len} bytes from rank {peer} differ"));
+            }
+        }
+    }
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    for (i, &len) in SIZES.iter().enumerate() {
+        let index = 100 + i as u64;
+        let outgoing = pattern(rank, index, len);
+        let mut buf = vec![0xEE; len + 5];
+        let tag = Tag::user(20).map_err(|err| e("tag", err))?;
+        let got = t
+            .send_recv_into(next, prev, tag, &[&outgoing], &mut buf, t.op_timeout())
+            .map_err(|err| e("exchange", err))?;
+        if got != Some(len)
+            || buf[..len] != pattern(prev, index, len)[..]
+            || buf[len..].iter().any(|&b| b != 0xEE)
+        {
+            return Err(format!(
+                "rank {rank}: exchange of {len} bytes from rank {prev} differs ({got:?})"
+            ));
+        }
+    }
+    let large: u64 = SIZES
+        .iter()
+        .filter(|&&l| l >= THRESHOLD)
+        .map(|&l| l as u64)
+        .sum();
+    // Every peer sent each size once directly, and the ring's previous rank once more.
+    let expected = match std::env::var("EXPECT_SINGLE_COPY").as_deref() {
+        Ok("1") => large * u64::from(n - 1) + large,
+        _ => 0,
+    };
+    let traffic = t.traffic().ok_or("the TCP transport counts its traffic")?;
+    let peers: Vec<bool> = (0..n)
+        .filter(|&p| p != rank)
+        .map(|p| t.single_copy_from(p))
+        .collect();
+    println!(
+        "rank {rank}: single-copy {} of {} bytes received, from peers {peers:?}",
+        traffic.single_copy_bytes, traffic.received_bytes
+    );
+    if traffic.single_copy_bytes != expected {
+        return Err(format!(
+            "rank {rank}: {} bytes came by single copy, expected {expected}",
+            traffic.single_copy_bytes
+        ));
+    }
+    t.barrier().map_err(|err| e("barrier", err))
+}
+
+fn worker(role: &str) -> Result<(), String> {
+    match role {
+        "exact" => exact_worker(),
+        other => Err(format!("unknown role {other}")),
+    }
+}
+
+/// Runs `n` exact workers on this host; `off` ranks set `RLX_SINGLE_COPY=0`.
+fn processes(n: u32, off: &[u32], expect: bool) {
+    let port = free_port();
+    let children = (0..n)
+        .map(|rank| {
+            let mut env = rlx_env(rank, n, "127.0.0.1", port);
+            if off.contains(&rank) {
+                env.push(("RLX_SINGLE_COPY".into(), "0".into()));
+            }
+            let expected = if expect { "1" } else { "0" };
+            env.push(("EXPECT_SINGLE_COPY".into(), expected.into()));
+            spawn("exact", &env)
+        })
+        .collect();
+    let done = wait_all(children, Duration::from_secs(120));
+    assert_all_ok(&done);
+}
+
+fn two_processes_read_each_other() {
+    processes(2, &[], true);
+}
+
+fn three_processes_read_each_other() {
+    processes(3, &[], true);
+}
+
+/// One rank saying no keeps both directions of its pairs on TCP, and results stay exact.
+fn one_rank_switched_off_keeps_tcp() {
+    processes(2, &[1], false);
+}
+
+/// A sender whose receiver never takes the message (it is over the receiver's budget, and
+/// nobody receives) times out naming it; the receiver, posting its receive afterwards, gets
+/// an error, not bytes from a buffer the sender may have reused.
+fn a_sender_that_gives_up_is_not_trusted() {
+    let w = shared_world(2, |b| {
+        b.max_unexpected_bytes(1 << 20)
+            .op_timeout(Duration::from_millis(1500))
+    });
+    std::thread::scope(|s| {
+        let (a, b) = (&w[0], &w[1]);
+        let one = s.spawn(|| settle(b.as_ref()));
+        settle(a.as_ref()).expect("settle rank 0");
+        one.join().expect("rank 1").expect("settle rank 1");
+    });
+    // A message already queued counts against the budget, so the large one parks.
+    w[0].send_bytes(1, 3, &pattern(0, 0, 900 << 10)).unwrap();
+    let mut big = pattern(0, 1, 8 << 20);
+    let err = w[0].send_bytes(1, 4, &big).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CollectiveError::Timeout {
+                peer: Some(1),
+                op: "send",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // The sender reuses its buffer at once.
+    big.iter_mut().for_each(|b| *b = 0x5A);
+    assert_eq!(w[1].recv_bytes(0, 3).unwrap(), pattern(0, 0, 900 << 10));
+    let got = w[1].recv_bytes(0, 4);
+    assert!(
+        matches!(got, Err(CollectiveError::PeerLost { peer: 0, .. })),
+        "{:?}",
+        got.map(|v| v.len())
+    );
+}
+
+fn main() {
+    common::run(
+        &[
+            (
+                "two_processes_read_each_other",
+                two_processes_read_each_other,
+            ),
+            (
+                "three_processes_read_each_other",
+                three_processes_read_each_other,
+            ),
+            (
+                "one_rank_switched_off_keeps_tcp",
+                one_rank_switched_off_keeps_tcp,
+            ),
+            (
+                "a_sender_that_gives_up_is_not_trusted",
+                a_sender_that_gives_up_is_not_trusted,
+            ),
+        ],
+        worker,
+    );
+}
