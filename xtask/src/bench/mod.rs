@@ -30,7 +30,7 @@ use report::{
     Row, is_rlx, plot_series, print_ceiling, print_compression_summary, print_header, print_row,
     print_summary, row, write_json,
 };
-use systems::{IperfPath, Started, System};
+use systems::{IperfPath, MpiPath, Started, System};
 
 /// Runs the benchmark described by `args`.
 pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
@@ -107,8 +107,16 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
     let mut notes: Vec<String> = Vec::new();
     let mut ceilings: Vec<f64> = Vec::new();
     if args.peers {
+        // Open MPI's shared-memory layer is the fair comparison only where RLX's ranks may
+        // use their single-copy path too: processes of one host, in one network namespace.
+        let one_host = !world.config().netns && args.world.transport.name() == "tcp";
         for started in [
-            systems::start_openmpi(args.ranks),
+            systems::start_openmpi(args.ranks, MpiPath::Tcp),
+            if one_host {
+                systems::start_openmpi(args.ranks, MpiPath::SharedMemory)
+            } else {
+                Started::Skipped("openmpi-sm: skipped, the ranks are not on one host".to_owned())
+            },
             systems::start_gloo(args.ranks),
             systems::start_mlx(args.ranks),
         ] {

@@ -160,6 +160,10 @@ struct Cell {
     /// The same for time (Open MPI's time over RLX's is the busbw ratio; this is RLX's over
     /// Open MPI's, the latency target's form).
     time_fractions: Vec<f64>,
+    /// Open MPI's busbw over its shared-memory layer, where it ran.
+    openmpi_sm: Vec<f64>,
+    /// RLX's busbw over that, per run.
+    sm_ratios: Vec<f64>,
 }
 
 /// Gathers every run's rows of one sweep into cells keyed by (operation, bytes).
@@ -181,6 +185,12 @@ fn cells(files: &[RunFile]) -> BTreeMap<(String, u64), Cell> {
                 }
                 if peer.time_us > 0.0 {
                     cell.time_fractions.push(row.time_us / peer.time_us);
+                }
+            }
+            if let Some(peer) = find("openmpi-sm", &row.op, row.bytes) {
+                cell.openmpi_sm.push(peer.busbw_gbps);
+                if peer.busbw_gbps > 0.0 {
+                    cell.sm_ratios.push(row.busbw_gbps / peer.busbw_gbps);
                 }
             }
         }
@@ -224,7 +234,10 @@ fn write_report(base: &BenchArgs, files: &[Vec<PathBuf>]) -> Result<String, Stri
         out,
         "Written by `cargo xtask bench --report DIR --ranks {}` from {runs} runs; busbw in \
          GB/s, medians over the runs; ratio = RLX / Open MPI within each run, then the median of \
-         those ratios (each run's in brackets).\n",
+         those ratios (each run's in brackets). `openmpi` is Open MPI over its TCP layer, the \
+         targets' yardstick; `openmpi-sm` over its shared-memory layer (one cross-memory-attach \
+         copy for large messages, as RLX's single-copy path between ranks of one host), where \
+         the ranks share a host.\n",
         base.ranks
     );
     let mut ceilings = Vec::new();
@@ -265,19 +278,23 @@ fn write_report(base: &BenchArgs, files: &[Vec<PathBuf>]) -> Result<String, Stri
         }
         let _ = writeln!(
             out,
-            "### {} sizes\n\n| op | bytes | rlx | openmpi | ratio |\n|---|---|---|---|---|",
+            "### {} sizes\n\n| op | bytes | rlx | openmpi | ratio | openmpi-sm | ratio to sm |\n\
+             |---|---|---|---|---|---|---|",
             plan.name
         );
         for ((op, bytes), cell) in &cells {
             let ratio = median(&cell.ratios);
             let _ = writeln!(
                 out,
-                "| {op} | {} | {} | {} | {} {} |",
+                "| {op} | {} | {} | {} | {} {} | {} | {} {} |",
                 nominal(*bytes),
                 figure(median(&cell.rlx)),
                 figure(median(&cell.openmpi)),
                 figure(ratio),
-                per_run(&cell.ratios)
+                per_run(&cell.ratios),
+                figure(median(&cell.openmpi_sm)),
+                figure(median(&cell.sm_ratios)),
+                per_run(&cell.sm_ratios)
             );
             let (wanted, applies) = if op == "all_reduce" {
                 (ALL_REDUCE_RATIO, *bytes >= 32 << 20)

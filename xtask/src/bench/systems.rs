@@ -1,5 +1,5 @@
 //! The systems `bench` measures side by side: RLX's own ranks and, with `--peers`, Open MPI
-//! (TCP BTL), Gloo (torch.distributed) and MLX's ring backend, each a set of long-lived
+//! (over its TCP BTL, and over its shared-memory BTL when the ranks share a host), Gloo (torch.distributed) and MLX's ring backend, each a set of long-lived
 //! processes driven step by step through the line protocol of [`super::measure`]; plus
 //! `iperf3` on loopback as the ceiling of one TCP stream.
 //!
@@ -181,17 +181,50 @@ fn peer_source(file: &str) -> PathBuf {
     workspace_root().join("xtask").join("peers").join(file)
 }
 
-/// Open MPI over its TCP BTL on loopback, running `xtask/peers/mpi_bench.c`.
-pub(crate) fn start_openmpi(ranks: u32) -> Started {
+/// Which of Open MPI's byte transfer layers carries the messages between its ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MpiPath {
+    /// The TCP BTL over loopback (`openmpi`): the same wire as RLX's sockets.
+    Tcp,
+    /// The shared-memory BTL, `vader`, whose large messages are one cross-memory-attach copy
+    /// (`openmpi-sm`): the same mechanism as RLX's single-copy path between ranks of one host.
+    SharedMemory,
+}
+
+impl MpiPath {
+    /// The system's name in tables and plots.
+    pub(crate) fn system_name(self) -> &'static str {
+        match self {
+            MpiPath::Tcp => "openmpi",
+            MpiPath::SharedMemory => "openmpi-sm",
+        }
+    }
+}
+
+/// Open MPI on this host, running `xtask/peers/mpi_bench.c` over the byte transfer layer
+/// `path` chooses. The `ob1` messaging layer is forced, so that the chosen BTL carries the
+/// bytes (Debian's build would otherwise prefer UCX, with transports of its own).
+pub(crate) fn start_openmpi(ranks: u32, path: MpiPath) -> Started {
+    let name = path.system_name();
     let (Some(mpirun), Some(mpicc)) = (find_program("mpirun"), find_program("mpicc")) else {
-        return Started::Skipped(
-            "openmpi: skipped, mpirun/mpicc not found (apt-get install openmpi-bin libopenmpi-dev)"
-                .to_owned(),
-        );
+        return Started::Skipped(format!(
+            "{name}: skipped, mpirun/mpicc not found (apt-get install openmpi-bin libopenmpi-dev)"
+        ));
     };
     let binary = match build_mpi_bench(&mpicc) {
         Ok(binary) => binary,
-        Err(e) => return Started::Skipped(format!("openmpi: skipped, {e}")),
+        Err(e) => return Started::Skipped(format!("{name}: skipped, {e}")),
+    };
+    let layers: &[&str] = match path {
+        MpiPath::Tcp => &[
+            "--mca",
+            "btl",
+            "tcp,self",
+            "--mca",
+            "btl_tcp_if_include",
+            "lo",
+        ],
+        MpiPath::SharedMemory => &["--mca", "btl", "vader,self"],
     };
     // Rank i on core i, as `bound_like_mpirun` places the other systems (this is mpirun's own
     // default for two ranks); unbound when oversubscribed.
@@ -201,7 +234,7 @@ pub(crate) fn start_openmpi(ranks: u32) -> Started {
     } else {
         &["--bind-to", "none"]
     };
-    let spec = ChildSpec::new("openmpi", mpirun)
+    let spec = ChildSpec::new(name, mpirun)
         .args(binding.iter().map(|s| (*s).to_owned()))
         .args([
             "--allow-run-as-root".to_owned(),
@@ -209,16 +242,14 @@ pub(crate) fn start_openmpi(ranks: u32) -> Started {
             "-np".to_owned(),
             ranks.to_string(),
             "--mca".to_owned(),
-            "btl".to_owned(),
-            "tcp,self".to_owned(),
-            "--mca".to_owned(),
-            "btl_tcp_if_include".to_owned(),
-            "lo".to_owned(),
-            binary.display().to_string(),
-        ]);
-    match System::start("openmpi", &[spec], vec![0], 0) {
+            "pml".to_owned(),
+            "ob1".to_owned(),
+        ])
+        .args(layers.iter().map(|s| (*s).to_owned()))
+        .args([binary.display().to_string()]);
+    match System::start(name, &[spec], vec![0], 0) {
         Ok(system) => Started::Running(Box::new(system)),
-        Err(e) => Started::Skipped(format!("openmpi: skipped, it did not start: {e}")),
+        Err(e) => Started::Skipped(format!("{name}: skipped, it did not start: {e}")),
     }
 }
 
