@@ -225,13 +225,20 @@ impl Settings {
     }
 
     /// Segment size in bytes for a pipelined algorithm moving `bytes` in total, never below
-    /// one element of `elem_size`.
-    pub(crate) fn segment_bytes(&self, bytes: usize, elem_size: usize) -> usize {
+    /// one element of `elem_size`, nor below the transport's `hint` (see
+    /// `Transport::segment_hint`) when it gives one.
+    pub(crate) fn segment_bytes(
+        &self,
+        bytes: usize,
+        elem_size: usize,
+        hint: Option<usize>,
+    ) -> usize {
         let measured = if bytes > LARGE_MESSAGE_BYTES {
             LARGE_SEGMENT_BYTES
         } else {
             SEGMENT_BYTES
         };
+        let measured = hint.map_or(measured, |h| h.max(measured));
         let capped = self
             .max_segment_bytes
             .map_or(measured, |cap| cap.min(measured));
@@ -300,8 +307,11 @@ mod tests {
         assert_eq!(s.all_reduce(8, 4), Algorithm::RecursiveDoubling);
         assert_eq!(s.all_reduce(32 * 1024, 4), Algorithm::RecursiveDoubling);
         assert_eq!(s.all_reduce(32 * 1024 + 1, 4), Algorithm::Ring);
-        assert_eq!(s.segment_bytes(32 << 20, 4), SEGMENT_BYTES);
-        assert_eq!(s.segment_bytes(256 << 20, 4), LARGE_SEGMENT_BYTES);
+        assert_eq!(s.segment_bytes(32 << 20, 4, None), SEGMENT_BYTES);
+        assert_eq!(s.segment_bytes(256 << 20, 4, None), LARGE_SEGMENT_BYTES);
+        // A transport's hint raises the segment, never lowers it.
+        assert_eq!(s.segment_bytes(32 << 20, 4, Some(4 << 20)), 4 << 20);
+        assert_eq!(s.segment_bytes(32 << 20, 4, Some(1)), SEGMENT_BYTES);
         assert_eq!(s.broadcast(1 << 20, 2), Algorithm::BinomialTree);
         assert_eq!(s.broadcast(1 << 20, 3), Algorithm::PipelinedChain);
     }
@@ -320,6 +330,8 @@ mod tests {
                 .is_err()
         );
         s.max_segment_bytes = Some(3);
-        assert_eq!(s.segment_bytes(1 << 20, 8), 8);
+        assert_eq!(s.segment_bytes(1 << 20, 8, None), 8);
+        // The test knob caps the hint too.
+        assert_eq!(s.segment_bytes(1 << 20, 8, Some(4 << 20)), 8);
     }
 }

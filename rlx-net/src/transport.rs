@@ -622,6 +622,10 @@ impl Transport for TcpTransport {
         Some(self.engine.traffic())
     }
 
+    fn segment_hint(&self, members: &[u32]) -> Option<usize> {
+        self.engine.segment_hint(members)
+    }
+
     fn send_recv_into(
         &self,
         to: u32,

@@ -133,6 +133,21 @@ pub trait Transport: Send + Sync {
         None
     }
 
+    /// The smallest segment pipelined collectives among `members` (world ranks, this one
+    /// among them) should cut their buffers into, when this transport moves large messages
+    /// between them better in larger pieces than the collectives' defaults; `None` (the
+    /// default) leaves the choice to the collectives.
+    ///
+    /// Every member cuts its buffers alike, so every member's transport must give the same
+    /// answer for the same members: base it on facts both ends of every link see alike (where
+    /// the peers run), never on a setting of one rank's. A transport whose messages between
+    /// processes of one host cost a round trip each and no pipelining (a single-copy path)
+    /// says so here.
+    fn segment_hint(&self, members: &[u32]) -> Option<usize> {
+        let _ = members;
+        None
+    }
+
     /// Tells `to` that this rank's part of the operation under `tag` failed, so that `to`'s next
     /// receive from this rank under `tag` fails with the matching error instead of waiting for
     /// data that will never come. The default does nothing (peers then rely on their timeout).

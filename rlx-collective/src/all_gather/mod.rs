@@ -41,7 +41,7 @@ pub(crate) fn run(ctx: &OpCtx<'_>, local: &[u8], out: &mut [u8], dtype: DType) -
                 len: local.len() / esize,
             };
             out[layout::bytes(blocks.block(ctx.rank as usize), esize)].copy_from_slice(local);
-            let segment_bytes = ctx.settings.segment_bytes(total, esize);
+            let segment_bytes = ctx.segment_bytes(total, esize);
             ring::run(ctx, out, esize, blocks, segment_bytes)?;
         }
         other => {

@@ -170,7 +170,7 @@ pub(crate) fn run(
         parts: n,
     };
     // Frames of at most half a segment (see `Ring::reduce`).
-    let segment_bytes = ctx.settings.segment_bytes(std::mem::size_of_val(data), 4);
+    let segment_bytes = ctx.segment_bytes(std::mem::size_of_val(data), 4);
     let mut segment_elems = (segment_bytes / 4).max(1);
     while segment_elems > 1 && 2 * compression.frame_bytes(segment_elems) > segment_bytes {
         segment_elems /= 2;

@@ -45,7 +45,7 @@ pub(crate) fn run(
     match algorithm {
         Algorithm::RecursiveDoubling => recursive_doubling::run(ctx, data, dtype, reduce),
         Algorithm::Ring => {
-            let segment_bytes = ctx.settings.segment_bytes(data.len(), dtype.size());
+            let segment_bytes = ctx.segment_bytes(data.len(), dtype.size());
             ring::run(ctx, data, dtype, reduce, segment_bytes)
         }
         Algorithm::OneSidedRing => {
@@ -53,7 +53,7 @@ pub(crate) fn run(
                 Some(prepared) => prepared,
                 None => one_sided::prepare(ctx)?,
             };
-            let segment_bytes = ctx.settings.segment_bytes(data.len(), dtype.size());
+            let segment_bytes = ctx.segment_bytes(data.len(), dtype.size());
             one_sided::run(ctx, prepared, data, dtype, reduce, segment_bytes)
         }
         other => Err(CollectiveError::invalid(format!(

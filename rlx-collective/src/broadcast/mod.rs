@@ -20,7 +20,7 @@ pub(crate) fn run(ctx: &OpCtx<'_>, root: u32, data: &mut [u8], dtype: DType) -> 
     match algorithm {
         Algorithm::BinomialTree => binomial::run(ctx, root, data),
         Algorithm::PipelinedChain => {
-            let segment_bytes = ctx.settings.segment_bytes(data.len(), dtype.size());
+            let segment_bytes = ctx.segment_bytes(data.len(), dtype.size());
             chain::run(ctx, root, data, dtype.size(), segment_bytes)
         }
         other => Err(CollectiveError::invalid(format!(

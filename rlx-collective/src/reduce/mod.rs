@@ -21,6 +21,6 @@ pub(crate) fn run(
     if ctx.size() == 1 {
         return Ok(());
     }
-    let segment_bytes = ctx.settings.segment_bytes(data.len(), dtype.size());
+    let segment_bytes = ctx.segment_bytes(data.len(), dtype.size());
     binomial::run(ctx, root, data, dtype, reduce, segment_bytes)
 }

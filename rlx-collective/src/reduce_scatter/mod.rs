@@ -53,7 +53,7 @@ pub(crate) fn run(
         }
     }
     ctx.record_algorithm("ring");
-    let segment_bytes = ctx.settings.segment_bytes(input.len(), esize);
+    let segment_bytes = ctx.segment_bytes(input.len(), esize);
     let data = ring::Data::Apart { input, out };
     ring::run(ctx, data, dtype, reduce, segment_bytes)
 }
