@@ -12,16 +12,19 @@
 //!   accepting with a deadline;
 //! - `matching.rs`: the matching state machine (posted receives, arriving and unexpected
 //!   messages, backpressure budget, lost peers), no I/O;
-//! - `progress/`: the engine that reads and writes the sockets on the calling threads;
+//! - `progress/`: the engine that reads and writes the sockets on the calling threads, and
+//!   the single-copy path that moves large messages between ranks of one host from memory to
+//!   memory (`progress/single_copy.rs`, Linux);
 //! - `error.rs`: how failures map onto `CollectiveError`;
 //! - `transport.rs`: [`TcpTransport`], its builder and the [`Transport`] methods.
 //!
 //! The launch environment (`RLX_RANK`, torchrun's, Open MPI's, PMI's and Slurm's variables,
 //! hostfiles, `RLX_SOCKET_IFNAME`, `RLX_TIMEOUT_MS`, `RLX_JOB_SECRET`, `RLX_JOB_ID`,
 //! `RLX_SOCKETS_PER_PEER`, `RLX_MAX_FRAME_BYTES`) is parsed by [`rlx_transport::bootstrap`],
-//! shared with the Thunderbolt transport; [`TcpTransport::from_env`] also reads `RLX_SPIN_US`
-//! and `RLX_HEARTBEAT_MS` (see [`TcpTransportBuilder::spin`] and
-//! [`TcpTransportBuilder::heartbeat`]).
+//! shared with the Thunderbolt transport; [`TcpTransport::from_env`] also reads `RLX_SPIN_US`,
+//! `RLX_HEARTBEAT_MS`, `RLX_SINGLE_COPY` and `RLX_SINGLE_COPY_MIN_BYTES` (see
+//! [`TcpTransportBuilder::spin`], [`TcpTransportBuilder::heartbeat`] and
+//! [`TcpTransportBuilder::single_copy`]).
 //!
 //! Errors: a peer that closes, crashes or resets, or that sends nothing (not even a heartbeat)
 //! for five heartbeat intervals, fails every operation that needs it with

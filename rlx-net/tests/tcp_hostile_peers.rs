@@ -481,9 +481,9 @@ fn dropped_hostile(t: &TcpTransport) -> CollectiveError {
 }
 
 /// After the handshake, a hostile rank 2 sends garbage to rank 0, a truncated frame header to
-/// rank 1, then a frame header announcing 2^62 bytes; each offender is dropped with its reason
-/// and logged, the real ranks exchange exactly meanwhile, and nothing is allocated for the
-/// announced length.
+/// rank 1, then a frame header announcing 2^62 bytes, then a single-copy frame without having
+/// offered to be read; each offender is dropped with its reason and logged, the real ranks
+/// exchange exactly meanwhile, and nothing is allocated for the announced length.
 #[test]
 fn hostile_frames_drop_the_offender_while_the_job_completes() {
     let _serial = serial();
@@ -535,6 +535,31 @@ fn hostile_frames_drop_the_offender_while_the_job_completes() {
     logged(&["peer broke the protocol", "4611686018427387904"]);
     exchange_is_exact(&world, 20);
     rss.check("after a 2^62-byte frame");
+    drop(world);
+
+    // A single-copy frame from a peer that never offered to be read: its descriptor is well
+    // formed, but nothing is read from any process for it.
+    let (world, mut hostile) = world_with_a_hostile_rank("hostile-frames-3", |b| b);
+    let mut pull = frame_header(5, 0, 1 << 20);
+    pull[0] = 5;
+    let mut descriptor = [0u8; 88];
+    descriptor[16..24].copy_from_slice(&1u64.to_le_bytes());
+    descriptor[24..32].copy_from_slice(&0x10_0000u64.to_le_bytes());
+    descriptor[32..40].copy_from_slice(&(1u64 << 20).to_le_bytes());
+    hostile[0].write_all(&pull).expect("a single-copy header");
+    hostile[0].write_all(&descriptor).expect("its descriptor");
+    let error = dropped_hostile(&world[0]);
+    assert!(
+        matches!(&error, CollectiveError::Protocol { peer: Some(2), detail }
+            if detail.contains("did not prove it runs on this host")),
+        "a single-copy frame without an offer: {error:?}"
+    );
+    logged(&[
+        "peer broke the protocol",
+        "did not prove it runs on this host",
+    ]);
+    exchange_is_exact(&world, 20);
+    rss.check("after a single-copy frame without an offer");
     rss.report("hostile frames");
 }
 

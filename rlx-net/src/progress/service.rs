@@ -199,6 +199,7 @@ impl Engine {
                         )));
                     }
                     let desc = descriptor(from, &rx.staging[rx.start..], header.total)?;
+                    let pid = self.pull_source(from)?;
                     let mut st = lock(&self.hub.state);
                     let landing = st
                         .on_first_frame(from, &header, own_id)
@@ -216,7 +217,7 @@ impl Engine {
                     drop(st);
                     rx.start += DESCRIPTOR_LEN;
                     rx.header = None;
-                    self.take_pulled(from, &header, &desc, land, own.as_deref_mut())?;
+                    self.take_pulled(from, pid, &header, &desc, land, own.as_deref_mut())?;
                     if self.account(from, header.seq, header.total, own_id)? {
                         return Ok(Service::OwnDone);
                     }

@@ -76,6 +76,10 @@ const ONE_HOST_SEGMENT: usize = 4 << 20;
 /// `taken` word before it sleeps between looks (a conservative memory-copy rate).
 const EXPECTED_COPY_BYTES_PER_SEC: u64 = 2 << 30;
 
+/// The longest a sender looks at the `taken` word without sleeping, however long the copy
+/// should take: past it the receiver is most likely busy elsewhere, not copying.
+const LONGEST_SPIN: Duration = Duration::from_millis(5);
+
 /// The longest sleep between two looks at the `taken` word.
 const LONGEST_NAP: Duration = Duration::from_millis(1);
 
@@ -251,7 +255,7 @@ impl Engine {
         let started = Instant::now();
         let expected =
             Duration::from_nanos(total.saturating_mul(1_000_000_000) / EXPECTED_COPY_BYTES_PER_SEC);
-        let spin = self.cfg.spin.max(expected);
+        let spin = self.cfg.spin.max(expected.min(LONGEST_SPIN));
         let mut nap = Duration::from_micros(20);
         loop {
             if words.taken.load(Ordering::SeqCst) == seq + 1 {
@@ -299,7 +303,9 @@ impl Engine {
                 });
             }
             if now.duration_since(started) < spin {
-                std::hint::spin_loop();
+                // Yielding rather than spinning on the bare word: where ranks share cores, the
+                // thread copying this message may be waiting for this one's core.
+                std::thread::yield_now();
                 continue;
             }
             // The peer has not taken it within the copy's time: it is busy elsewhere, or
@@ -315,16 +321,10 @@ impl Engine {
         }
     }
 
-    /// Reads pulled message `seq` of `header.total` bytes from `from` into its destination,
-    /// checks that the sender still offers it, and tells the sender it was taken.
-    pub(super) fn take_pulled(
-        &self,
-        from: u32,
-        header: &FrameHeader,
-        desc: &Descriptor,
-        land: Land,
-        own: Option<&mut Own<'_>>,
-    ) -> Result<(), Lost> {
+    /// The process a single-copy frame from `from` is read from: the one whose offer this rank
+    /// took. A peer that sends one without such an offer breaks the protocol, and is refused
+    /// before anything is allocated or read for it.
+    pub(super) fn pull_source(&self, from: u32) -> Result<u32, Lost> {
         let pid = self
             .single_copy
             .peer(from)
@@ -334,6 +334,21 @@ impl Engine {
                 "single-copy frame from rank {from}, which did not prove it runs on this host"
             )));
         }
+        Ok(pid)
+    }
+
+    /// Reads pulled message `seq` of `header.total` bytes from process `pid` (rank `from`)
+    /// into its destination, checks that the sender still offers it, and tells the sender it
+    /// was taken.
+    pub(super) fn take_pulled(
+        &self,
+        from: u32,
+        pid: u32,
+        header: &FrameHeader,
+        desc: &Descriptor,
+        land: Land,
+        own: Option<&mut Own<'_>>,
+    ) -> Result<(), Lost> {
         let total = header.total;
         let ranges = &desc.parts[..desc.count];
         let copied = match land {
