@@ -176,21 +176,14 @@ impl Engine {
                 return Ok(false);
             }
             if deadline.is_some_and(|d| now >= d) {
-                let after = self.cfg.op_timeout;
                 if started {
                     // Half a frame is on the wire: the link cannot carry anything else.
-                    self.lose(
-                        to,
-                        Lost::Gone(format!(
-                            "a send to it timed out after {after:?} mid-message (link to {} unusable)",
-                            io.addr
-                        )),
-                    );
+                    return Err(self.abandon_send(to, io, "mid-message"));
                 }
                 return Err(CollectiveError::Timeout {
                     peer: Some(to),
                     op: "send",
-                    after,
+                    after: self.cfg.op_timeout,
                 });
             }
             let pending: u64 = (0..count)
@@ -229,6 +222,24 @@ impl Engine {
             self.traffic.sent(total);
         }
         Ok(true)
+    }
+
+    /// A send to `to` that reached its deadline `when` the link was left in a state nothing
+    /// else can follow: the peer is lost, and the send's error is a timeout naming it.
+    pub(super) fn abandon_send(&self, to: u32, io: &PeerIo, when: &str) -> CollectiveError {
+        let after = self.cfg.op_timeout;
+        self.lose(
+            to,
+            Lost::Gone(format!(
+                "a send to it timed out after {after:?} {when} (link to {} unusable)",
+                io.addr
+            )),
+        );
+        CollectiveError::Timeout {
+            peer: Some(to),
+            op: "send",
+            after,
+        }
     }
 
     fn send_to_self(

@@ -37,10 +37,41 @@ pub(super) enum Service {
     OwnDone,
 }
 
+/// Whether the bytes a step needs are in the staging buffer.
+enum Staged {
+    /// They are.
+    Ready,
+    /// More bytes were read; look again.
+    More,
+    /// The socket has nothing now.
+    Idle,
+}
+
 enum PayloadStep {
     Moved(usize),
     NeedFill,
     Idle,
+}
+
+/// Where the matching state says a frame's bytes go; `None` when the frame must wait (park).
+fn land_of(landing: Landing) -> Option<Land> {
+    match landing {
+        Landing::Park => None,
+        Landing::Caller => Some(Land::Caller),
+        Landing::Owned(ptr) => Some(Land::Owned(RawDest(ptr))),
+        Landing::Discard => Some(Land::Discard),
+    }
+}
+
+/// Frames of `what` travel on link 0 only, where they keep their place in the message order.
+fn on_link_zero(from: u32, k: usize, what: &str) -> Result<(), Lost> {
+    if k == 0 {
+        return Ok(());
+    }
+    Err(protocol_lost(CollectiveError::protocol(
+        Some(from),
+        format!("{what} on link {k} (only link 0 carries them)"),
+    )))
 }
 
 fn internal_lost(from: u32) -> Lost {
@@ -82,27 +113,19 @@ impl Engine {
                         }
                         return Ok(Service::Progress);
                     }
-                    PayloadStep::NeedFill => match rx.fill(link) {
-                        Ok(0) => return Err(self.lost_eof(from)),
-                        Ok(_) => continue,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            return Ok(Service::Idle);
-                        }
-                        Err(e) => return Err(self.lost_from_io(from, "reading", &e)),
+                    // Nothing is staged: one more byte makes progress.
+                    PayloadStep::NeedFill => match self.stage(from, link, rx, rx.staged() + 1)? {
+                        Staged::Ready | Staged::More => continue,
+                        Staged::Idle => return Ok(Service::Idle),
                     },
                     PayloadStep::Idle => return Ok(Service::Idle),
                 }
             }
             if rx.header.is_none() {
-                if rx.staged() < HEADER_LEN {
-                    match rx.fill(link) {
-                        Ok(0) => return Err(self.lost_eof(from)),
-                        Ok(_) => continue,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            return Ok(Service::Idle);
-                        }
-                        Err(e) => return Err(self.lost_from_io(from, "reading", &e)),
-                    }
+                match self.stage(from, link, rx, HEADER_LEN)? {
+                    Staged::Ready => {}
+                    Staged::More => continue,
+                    Staged::Idle => return Ok(Service::Idle),
                 }
                 let mut bytes = [0u8; HEADER_LEN];
                 bytes.copy_from_slice(&rx.staging[rx.start..rx.start + HEADER_LEN]);
@@ -128,22 +151,12 @@ impl Engine {
                     )));
                 }
                 FrameKind::Failure => {
-                    if rx.staged() < FAILURE_WIRE_LEN {
-                        match rx.fill(link) {
-                            Ok(0) => return Err(self.lost_eof(from)),
-                            Ok(_) => continue,
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                                return Ok(Service::Idle);
-                            }
-                            Err(e) => return Err(self.lost_from_io(from, "reading", &e)),
-                        }
+                    match self.stage(from, link, rx, FAILURE_WIRE_LEN)? {
+                        Staged::Ready => {}
+                        Staged::More => continue,
+                        Staged::Idle => return Ok(Service::Idle),
                     }
-                    if k != 0 {
-                        return Err(protocol_lost(CollectiveError::protocol(
-                            Some(from),
-                            format!("failure notice on link {k} (only link 0 carries them)"),
-                        )));
-                    }
+                    on_link_zero(from, k, "failure notice")?;
                     let failure =
                         Failure::decode(from, &rx.staging[rx.start..rx.start + FAILURE_WIRE_LEN])
                             .map_err(protocol_lost)?;
@@ -166,15 +179,10 @@ impl Engine {
                     return Ok(Service::Progress);
                 }
                 FrameKind::Offer => {
-                    if rx.staged() < OFFER_LEN {
-                        match rx.fill(link) {
-                            Ok(0) => return Err(self.lost_eof(from)),
-                            Ok(_) => continue,
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                                return Ok(Service::Idle);
-                            }
-                            Err(e) => return Err(self.lost_from_io(from, "reading", &e)),
-                        }
+                    match self.stage(from, link, rx, OFFER_LEN)? {
+                        Staged::Ready => {}
+                        Staged::More => continue,
+                        Staged::Idle => return Ok(Service::Idle),
                     }
                     self.take_offer(from, &rx.staging[rx.start..rx.start + OFFER_LEN]);
                     rx.start += OFFER_LEN;
@@ -182,36 +190,21 @@ impl Engine {
                     continue;
                 }
                 FrameKind::Pull => {
-                    if rx.staged() < DESCRIPTOR_LEN {
-                        match rx.fill(link) {
-                            Ok(0) => return Err(self.lost_eof(from)),
-                            Ok(_) => continue,
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                                return Ok(Service::Idle);
-                            }
-                            Err(e) => return Err(self.lost_from_io(from, "reading", &e)),
-                        }
+                    match self.stage(from, link, rx, DESCRIPTOR_LEN)? {
+                        Staged::Ready => {}
+                        Staged::More => continue,
+                        Staged::Idle => return Ok(Service::Idle),
                     }
-                    if k != 0 {
-                        return Err(protocol_lost(CollectiveError::protocol(
-                            Some(from),
-                            format!("single-copy frame on link {k} (only link 0 carries them)"),
-                        )));
-                    }
+                    on_link_zero(from, k, "single-copy frame")?;
                     let desc = descriptor(from, &rx.staging[rx.start..], header.total)?;
                     let pid = self.pull_source(from)?;
                     let mut st = lock(&self.hub.state);
                     let landing = st
                         .on_first_frame(from, &header, own_id)
                         .map_err(protocol_lost)?;
-                    let land = match landing {
-                        Landing::Park => {
-                            st.peers[from as usize].links[k].parked = true;
-                            return Ok(Service::Parked);
-                        }
-                        Landing::Caller => Land::Caller,
-                        Landing::Owned(ptr) => Land::Owned(RawDest(ptr)),
-                        Landing::Discard => Land::Discard,
+                    let Some(land) = land_of(landing) else {
+                        st.peers[from as usize].links[k].parked = true;
+                        return Ok(Service::Parked);
                     };
                     st.peers[from as usize].links[k].parked = false;
                     drop(st);
@@ -226,25 +219,15 @@ impl Engine {
                 FrameKind::Data => {
                     let mut st = lock(&self.hub.state);
                     let landing = if header.offset == 0 {
-                        if k != 0 {
-                            return Err(protocol_lost(CollectiveError::protocol(
-                                Some(from),
-                                format!("message start on link {k} (only link 0 carries them)"),
-                            )));
-                        }
+                        on_link_zero(from, k, "message start")?;
                         st.on_first_frame(from, &header, own_id)
                     } else {
                         st.on_stripe(from, k, &header, own_id)
                     }
                     .map_err(protocol_lost)?;
-                    let land = match landing {
-                        Landing::Park => {
-                            st.peers[from as usize].links[k].parked = true;
-                            return Ok(Service::Parked);
-                        }
-                        Landing::Caller => Land::Caller,
-                        Landing::Owned(ptr) => Land::Owned(RawDest(ptr)),
-                        Landing::Discard => Land::Discard,
+                    let Some(land) = land_of(landing) else {
+                        st.peers[from as usize].links[k].parked = true;
+                        return Ok(Service::Parked);
                     };
                     st.peers[from as usize].links[k].parked = false;
                     rx.header = None;
@@ -333,6 +316,19 @@ impl Engine {
         let owned = matches!(payload.land, Land::Owned(_));
         self.traffic.received(n as u64, owned);
         Ok(PayloadStep::Moved(n))
+    }
+
+    /// Reads more of `link` into the staging buffer unless `n` bytes are staged already.
+    fn stage(&self, from: u32, link: &Link, rx: &mut LinkRx, n: usize) -> Result<Staged, Lost> {
+        if rx.staged() >= n {
+            return Ok(Staged::Ready);
+        }
+        match rx.fill(link) {
+            Ok(0) => Err(self.lost_eof(from)),
+            Ok(_) => Ok(Staged::More),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Staged::Idle),
+            Err(e) => Err(self.lost_from_io(from, "reading", &e)),
+        }
     }
 
     /// Records `n` bytes of message `seq`; returns whether the caller's own receive is done.

@@ -288,19 +288,7 @@ impl Engine {
                 if words.taken.load(Ordering::SeqCst) == seq + 1 {
                     return Ok(());
                 }
-                let after = self.cfg.op_timeout;
-                self.lose(
-                    to,
-                    Lost::Gone(format!(
-                        "a send to it timed out after {after:?} before it took the message (link to {} unusable)",
-                        io.addr
-                    )),
-                );
-                return Err(CollectiveError::Timeout {
-                    peer: Some(to),
-                    op: "send",
-                    after,
-                });
+                return Err(self.abandon_send(to, io, "before it took the message"));
             }
             if now.duration_since(started) < spin {
                 // Yielding rather than spinning on the bare word: where ranks share cores, the
