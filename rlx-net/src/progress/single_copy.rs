@@ -175,23 +175,31 @@ struct PeerCopy {
 }
 
 /// The single-copy state of one engine.
+///
+/// The words the peers read and write (`offered`, `taken`, `accepted`) and the nonce live for
+/// the rest of the process: a peer that took this engine's offer may still write `accepted`,
+/// or finish a copy and write `taken`, after this transport was dropped (a group rebuilt by
+/// `shrink` or `grow`, a short-lived transport in a test), and that write must land in memory
+/// nobody else uses. They take 32 bytes per peer and 16 for the nonce, once per transport
+/// built; the allocation is deliberately never freed.
 #[derive(Debug)]
 pub(crate) struct SingleCopy {
-    /// Indexed by rank. Boxed, so that the words' addresses, which the peers hold, stay put.
-    peers: Box<[PeerCopy]>,
-    nonce: Box<[u8; 16]>,
+    /// Indexed by rank.
+    peers: &'static [PeerCopy],
+    nonce: &'static [u8; 16],
 }
 
 impl SingleCopy {
     pub(crate) fn new(world: u32) -> Self {
         let mut nonce = Box::new([0u8; 16]);
-        // Without randomness the nonce stays zero: the probe then still proves the peer can
+        // Without randomness the nonce stays zero: the offer then still proves the peer can
         // read this process, only not that the process it named is this one, which the local
         // address already made likely.
         let _ = getrandom::fill(&mut nonce[..]);
+        let peers: Box<[PeerCopy]> = (0..world).map(|_| PeerCopy::default()).collect();
         Self {
-            peers: (0..world).map(|_| PeerCopy::default()).collect(),
-            nonce,
+            peers: Box::leak(peers),
+            nonce: Box::leak(nonce),
         }
     }
 
@@ -340,8 +348,11 @@ impl Engine {
         let total = header.total;
         let ranges = &desc.parts[..desc.count];
         let copied = match land {
-            Land::Caller => match own.and_then(|o| o.buf.as_deref_mut()) {
-                Some(buf) => cross_memory::read_from(pid, ranges, &mut buf[..total as usize]),
+            Land::Caller => match own
+                .and_then(|o| o.buf.as_deref_mut())
+                .and_then(|buf| buf.get_mut(..usize::try_from(total).ok()?))
+            {
+                Some(buf) => cross_memory::read_from(pid, ranges, buf),
                 None => {
                     return Err(Lost::Protocol(format!(
                         "frame from rank {from} addressed a receive buffer that is not present"
