@@ -284,7 +284,7 @@ impl Engine {
 
     /// Waits until one of the `pending` links of `io` is writable, reading every free link of
     /// every peer meanwhile so that senders facing each other both make progress.
-    pub(super) fn wait_writable(&self, io: &PeerIo, pending: u64, wait: Option<Duration>) {
+    fn wait_writable(&self, io: &PeerIo, pending: u64, wait: Option<Duration>) {
         HELD.with(|held| {
             let mut held = held.borrow_mut();
             held.clear();

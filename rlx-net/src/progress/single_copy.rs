@@ -22,9 +22,11 @@
 //!    transport was aborted) and may have reused the buffer meanwhile, so the bytes are not
 //!    trusted and the peer is lost. Otherwise it writes the ticket into the sender's `taken`
 //!    word.
-//! 3. The sender waits until `taken` holds the ticket: spinning while the copy should take,
-//!    then in short sleeps, reading every free link meanwhile as a blocked sender does, so
-//!    that two ranks sending to each other both make progress. Giving up clears `offered`
+//! 3. The sender waits until `taken` holds the ticket: yielding while the copy should take,
+//!    then in growing sleeps (an exchange reads its own receive's links meanwhile). It reads
+//!    no other link: a message read from a peer that is about to post its receive would land
+//!    in a copy. Two ranks sending to each other still make progress, because the background
+//!    watcher drains links nobody reads. Giving up clears `offered`
 //!    first and makes the peer lost, as a send that timed out mid-message does.
 //!
 //! The probe, run once when the transport is built: every rank sends each peer on this host
@@ -42,10 +44,11 @@
 //! [`EngineConfig::min_single_copy`]: super::EngineConfig::min_single_copy
 //! [`FrameKind::Pull`]: crate::frame::FrameKind::Pull
 
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use rlx_transport::{CollectiveError, Tag};
+use rlx_transport::{CollectiveError, Tag, blocked_send};
 
 use crate::error::{Lost, protocol_lost};
 use crate::frame::{FrameHeader, FrameKind, OFFER_LEN};
@@ -55,7 +58,7 @@ use super::cross_memory;
 use super::exchange::Companion;
 use super::link::{Land, PeerIo};
 use super::service::Own;
-use super::socket::peer_on_this_host;
+use super::socket::{peer_on_this_host, poll, pollfd};
 
 /// Most parts (slices of the caller's) a pulled message may have; a message in more parts is
 /// sent over TCP.
@@ -304,17 +307,32 @@ impl Engine {
                 std::thread::yield_now();
                 continue;
             }
-            // The peer has not taken it within the copy's time: it is busy elsewhere, or
-            // blocked sending to this rank. Read the links meanwhile, in growing naps.
+            // The peer has not taken it within the copy's time: it is busy elsewhere (most
+            // often it has not posted its receive yet), or blocked sending to this rank. Wait
+            // in growing naps without reading other links: a message read now from a peer
+            // that is about to post its receive would land in a copy. Two ranks sending to
+            // each other still make progress, because the background watcher drains links
+            // nobody reads (into the unexpected budget, as for messages over TCP).
             match companion.as_deref_mut().filter(|c| c.reading()) {
                 Some(c) => {
                     self.wait_exchange(io, 0, c);
                 }
-                None if nap >= LONGEST_NAP => self.wait_writable(io, 0, Some(nap)),
-                None => std::thread::sleep(nap),
+                None => self.nap(nap),
             }
             nap = (nap * 2).min(LONGEST_NAP);
         }
+    }
+
+    /// Sleeps for `nap`, waking at once when the transport is aborted, and runs the duties a
+    /// layer above installed for blocked sends (`rlx_transport::blocked_send`).
+    fn nap(&self, nap: Duration) {
+        if nap < LONGEST_NAP {
+            std::thread::sleep(nap);
+        } else {
+            let mut fds = [pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN)];
+            poll(&mut fds, nap);
+        }
+        blocked_send::waiting();
     }
 
     /// The process a single-copy frame from `from` is read from: the one whose offer this rank
