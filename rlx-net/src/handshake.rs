@@ -24,7 +24,7 @@ pub(crate) const MAGIC: [u8; 8] = *b"RLXTCP\r\n";
 /// may carry `Failure::GroupFailed` (kind 3), which version 1 cannot decode. 3: a store
 /// registration carries flags and a nonce, the store proves and checks the job secret, and
 /// links carry heartbeat frames (kind 4), which version 2 refuses as unknown. 4: ranks of one
-/// host probe each other right after the links are up and may send single-copy frames (kind 5).
+/// host offer to be read by each other (frame kind 6) and may send single-copy frames (kind 5).
 pub(crate) const PROTOCOL_VERSION: u32 = 4;
 /// Encoded size of a [`Hello`].
 pub(crate) const HELLO_LEN: usize = 72;

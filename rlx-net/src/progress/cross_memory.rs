@@ -4,10 +4,10 @@
 //! - Linux: `process_vm_readv(2)` and `process_vm_writev(2)` (cross-memory attach), which copy
 //!   between two address spaces in one kernel copy. The kernel allows them only where it would
 //!   allow `ptrace` of the other process (same user, and Yama's `ptrace_scope` permitting), and
-//!   a container's seccomp profile may forbid them; the probe finds out before anyone relies
-//!   on them.
+//!   a container's seccomp profile may forbid them; a rank reads its peer's nonce with them
+//!   before it relies on them (the offer of `single_copy.rs`).
 //! - Every other system: no such calls; [`SUPPORTED`] is false and both functions fail with
-//!   `Unsupported`, so the probe never runs and the path stays off.
+//!   `Unsupported`; no offer is made and the path stays off.
 
 use std::io;
 

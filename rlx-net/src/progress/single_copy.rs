@@ -3,12 +3,12 @@
 //! a loopback TCP stream (user to socket buffer, socket buffer to user).
 //!
 //! Over loopback every byte of a TCP message is copied twice, both copies on the two ranks'
-//! cores, and one message runs at what one stream carries. Open MPI's shared-memory transport
-//! and NCCL's do the same as this: the sender publishes where its bytes are, the receiver
-//! reads them with cross-memory attach (`cross_memory.rs`), and tells the sender it is done.
+//! cores, and one message runs at what one stream carries. Here, as in Open MPI's
+//! shared-memory transport, the sender publishes where its bytes are, the receiver reads them
+//! with cross-memory attach (`cross_memory.rs`), and tells the sender it is done.
 //!
 //! The protocol, for a message of at least [`EngineConfig::min_single_copy`] bytes to a peer
-//! that passed the probe:
+//! that took this rank's offer (below):
 //! 1. The sender, holding the peer's send lock for the whole message, stores the message's
 //!    ticket (its sequence number plus one) in its `offered` word and writes a
 //!    [`FrameKind::Pull`] frame on link 0: a header whose lengths are the message's, followed by
@@ -26,23 +26,27 @@
 //!    then in growing sleeps (an exchange reads its own receive's links meanwhile). It reads
 //!    no other link: a message read from a peer that is about to post its receive would land
 //!    in a copy. Two ranks sending to each other still make progress, because the background
-//!    watcher drains links nobody reads. Giving up clears `offered`
-//!    first and makes the peer lost, as a send that timed out mid-message does.
+//!    watcher drains links nobody reads. Giving up clears `offered` first and makes the peer
+//!    lost, as a send that timed out mid-message does.
 //!
-//! The probe, run once when the transport is built: every rank sends each peer on this host
-//! (reached over loopback or at its own address, see `peer_on_this_host`) whether it is willing
-//! (`RLX_SINGLE_COPY` is not `0`), its process id and the address and value of a random nonce
-//! of its own; a willing rank reads the nonce from the claimed process and answers whether the
-//! bytes matched. A rank sends by pull only to peers that read its nonce, and reads by pull
+//! The offer, made once when the transport is built: a willing rank (`RLX_SINGLE_COPY` is not
+//! `0`) writes a [`FrameKind::Offer`] frame as the first frame of link 0 to each peer on this
+//! host (reached over loopback or at its own address, see `peer_on_this_host`): its process id,
+//! the address and value of a random nonce of its own, and the address of its `accepted` word.
+//! A willing peer reads the nonce in the named process and, when the bytes match, reads that
+//! peer's pulled messages from that process from then on and writes 1 into its `accepted`
+//! word. A rank sends by pull only to peers that wrote its `accepted` word, and reads by pull
 //! only from the process whose nonce it read, so a peer cannot make it read or write in a
-//! process other than the peer's own, and a missing permission (another user, Yama's
-//! `ptrace_scope`, a seccomp profile) leaves the path off instead of failing a message.
+//! process other than the peer's own. Nothing waits for an answer: a missing permission
+//! (another user, Yama's `ptrace_scope`, a seccomp profile) or a peer that does not take the
+//! offer leaves the path off, and messages go over TCP as before.
 //!
-//! The `offered` and `taken` words are `std` atomics even under loom: the peer process
-//! writes and reads them through the kernel, which no model can follow.
+//! The peers' words are `std` atomics even under loom: the peer process writes and reads them
+//! through the kernel, which no model can follow.
 //!
 //! [`EngineConfig::min_single_copy`]: super::EngineConfig::min_single_copy
 //! [`FrameKind::Pull`]: crate::frame::FrameKind::Pull
+//! [`FrameKind::Offer`]: crate::frame::FrameKind::Offer
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
