@@ -16,7 +16,8 @@
 //!   the single-copy path that moves large messages between ranks of one host from memory to
 //!   memory (`progress/single_copy.rs`, Linux);
 //! - `error.rs`: how failures map onto `CollectiveError`;
-//! - `transport.rs`: [`TcpTransport`], its builder and the [`Transport`] methods.
+//! - `builder.rs`: [`TcpTransportBuilder`], the configuration and the build;
+//! - `transport.rs`: [`TcpTransport`] and the [`Transport`] methods.
 //!
 //! The launch environment (`RLX_RANK`, torchrun's, Open MPI's, PMI's and Slurm's variables,
 //! hostfiles, `RLX_SOCKET_IFNAME`, `RLX_TIMEOUT_MS`, `RLX_JOB_SECRET`, `RLX_JOB_ID`,
@@ -44,6 +45,7 @@
 mod admission;
 mod auth;
 mod bootstrap;
+mod builder;
 mod error;
 mod frame;
 #[doc(hidden)]
@@ -59,7 +61,8 @@ mod transport;
 pub mod loom_rank;
 
 pub use bootstrap::SocketRole;
-pub use transport::{
-    DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_UNEXPECTED_BYTES, DEFAULT_MIN_STRIPED_BYTES, TcpTransport,
+pub use builder::{
+    DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_UNEXPECTED_BYTES, DEFAULT_MIN_STRIPED_BYTES,
     TcpTransportBuilder,
 };
+pub use transport::TcpTransport;

@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 use rlx_transport::{Admission, CollectiveError, PendingJoiner, Rendezvous, Result, Transport};
 
 use crate::auth::random_bytes;
+use crate::builder::TcpTransportBuilder;
 use crate::handshake::job_digest;
-use crate::transport::{TcpTransport, TcpTransportBuilder};
+use crate::transport::TcpTransport;
 use desk::{Credentials, MAX_PLAN};
 
 /// Where the grown world meets: its store and its job id.

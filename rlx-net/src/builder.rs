@@ -1,0 +1,461 @@
+//! [`TcpTransportBuilder`]: the configuration of a [`TcpTransport`] (rendezvous, timeouts,
+//! limits, the engine's tuning and the environment that sets them), and `build`, which
+//! rendezvous with every rank and starts the engine.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use rlx_transport::ifname::IfnameFilter;
+use rlx_transport::{CollectiveError, DEFAULT_OP_TIMEOUT, LaunchEnv, Rendezvous, Result};
+
+use crate::bootstrap::{
+    self, BootConfig, DEFAULT_HELLO_TIMEOUT, SocketRole, SocketSetup, SocketSetupFn,
+};
+use crate::handshake::job_digest;
+use crate::progress::{
+    DEFAULT_HEARTBEAT, DEFAULT_MIN_SINGLE_COPY, DEFAULT_SPIN, Engine, EngineConfig, PeerIo,
+};
+use crate::sync::{Arc, thread};
+use crate::transport::TcpTransport;
+
+/// Default frame cap: the largest message accepted from the wire (`RLX_MAX_FRAME_BYTES`).
+pub const DEFAULT_MAX_FRAME_BYTES: u64 = 1 << 30;
+/// Default per-peer budget of unexpected bytes (messages nobody waits for yet).
+pub const DEFAULT_MAX_UNEXPECTED_BYTES: u64 = 64 << 20;
+/// Messages at least this long are striped over the links of a peer when there are several.
+pub const DEFAULT_MIN_STRIPED_BYTES: u64 = 256 << 10;
+
+/// Configures and builds a [`TcpTransport`]; see [`TcpTransport::builder`].
+#[derive(Clone)]
+pub struct TcpTransportBuilder {
+    rank: Option<u32>,
+    world: Option<u32>,
+    rendezvous: Option<Rendezvous>,
+    op_timeout: Duration,
+    connect_timeout: Option<Duration>,
+    hello_timeout: Duration,
+    job_id: Option<String>,
+    secret: Option<Vec<u8>>,
+    max_frame: u64,
+    max_unexpected: u64,
+    min_striped: u64,
+    sockets_per_peer: Option<u32>,
+    bind_ip: Option<IpAddr>,
+    ifname: Option<IfnameFilter>,
+    spin: Duration,
+    heartbeat: Duration,
+    min_single_copy: u64,
+    socket_setup: Option<SocketSetup>,
+}
+
+impl fmt::Debug for TcpTransportBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TcpTransportBuilder")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("rendezvous", &self.rendezvous)
+            .field("op_timeout", &self.op_timeout)
+            .field("job_id", &self.job_id)
+            .field("secret", &self.secret.as_ref().map(|_| "<set>"))
+            .field("max_frame", &self.max_frame)
+            .field("sockets_per_peer", &self.sockets_per_peer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for TcpTransportBuilder {
+    fn default() -> Self {
+        Self {
+            rank: None,
+            world: None,
+            rendezvous: None,
+            op_timeout: DEFAULT_OP_TIMEOUT,
+            connect_timeout: None,
+            hello_timeout: DEFAULT_HELLO_TIMEOUT,
+            job_id: None,
+            secret: None,
+            max_frame: DEFAULT_MAX_FRAME_BYTES,
+            max_unexpected: DEFAULT_MAX_UNEXPECTED_BYTES,
+            min_striped: DEFAULT_MIN_STRIPED_BYTES,
+            sockets_per_peer: None,
+            bind_ip: None,
+            ifname: None,
+            spin: DEFAULT_SPIN,
+            heartbeat: DEFAULT_HEARTBEAT,
+            min_single_copy: DEFAULT_MIN_SINGLE_COPY,
+            socket_setup: None,
+        }
+    }
+}
+
+impl TcpTransportBuilder {
+    /// This process's rank (required).
+    pub fn rank(mut self, rank: u32) -> Self {
+        self.rank = Some(rank);
+        self
+    }
+
+    /// The number of ranks (required unless a hostfile gives it).
+    pub fn world_size(mut self, world: u32) -> Self {
+        self.world = Some(world);
+        self
+    }
+
+    /// Every rank's listening addresses (`"host:port"`, one per link), as in an MLX hostfile.
+    pub fn hostfile(mut self, entries: Vec<Vec<String>>) -> Self {
+        self.rendezvous = Some(Rendezvous::Hostfile(entries));
+        self
+    }
+
+    /// A rendezvous store hosted by rank 0 at `host:port`.
+    pub fn master(mut self, host: impl Into<String>, port: u16) -> Self {
+        self.rendezvous = Some(Rendezvous::Store {
+            host: host.into(),
+            port,
+        });
+        self
+    }
+
+    /// How long blocking calls wait by default (and sends at most); default 300 s.
+    pub fn op_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = timeout;
+        self
+    }
+
+    /// How long bootstrap waits for every rank (default: the operation timeout).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// How long a connection to this rank's bootstrap listeners (its link listener, and the
+    /// rendezvous store on rank 0) may take to identify itself, and this rank to hear a
+    /// listener's answer; default 10 s. Each connection has its own deadline, however slowly
+    /// its bytes trickle in, so a silent or slow stranger holds a handshake slot no longer.
+    pub fn hello_timeout(mut self, timeout: Duration) -> Self {
+        self.hello_timeout = timeout;
+        self
+    }
+
+    /// The job id; processes of different jobs refuse each other (default: derived from the
+    /// rendezvous).
+    pub fn job_id(mut self, id: impl Into<String>) -> Self {
+        self.job_id = Some(id.into());
+        self
+    }
+
+    /// A shared secret: every link's handshake, every registration with the rank-0 rendezvous
+    /// store and every joiner's admission proves both sides hold it (HMAC-SHA256
+    /// challenge–response both ways), so that a process without it can neither take a rank's
+    /// link, publish an address for a rank, nor read the store's address table. Use a long
+    /// random secret: anyone who can connect sees an HMAC over bytes it knows.
+    pub fn job_secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
+        self.secret = Some(secret.into());
+        self
+    }
+
+    /// The frame cap: the largest message sent or accepted (default 1 GiB).
+    pub fn max_frame_bytes(mut self, cap: u64) -> Self {
+        self.max_frame = cap;
+        self
+    }
+
+    /// The per-peer budget of buffered messages nobody waits for yet (default 64 MiB); past it
+    /// the transport stops reading that peer, and TCP flow control pushes back.
+    pub fn max_unexpected_bytes(mut self, budget: u64) -> Self {
+        self.max_unexpected = budget;
+        self
+    }
+
+    /// Messages at least this long are striped over several links (default 256 KiB).
+    pub fn min_striped_bytes(mut self, bytes: u64) -> Self {
+        self.min_striped = bytes;
+        self
+    }
+
+    /// TCP connections per peer (default 1, or the number of addresses per hostfile entry).
+    pub fn sockets_per_peer(mut self, sockets: u32) -> Self {
+        self.sockets_per_peer = Some(sockets);
+        self
+    }
+
+    /// Listen on (and, with a store, advertise) this address instead of choosing one.
+    pub fn bind_addr(mut self, ip: IpAddr) -> Self {
+        self.bind_ip = Some(ip);
+        self
+    }
+
+    /// Choose the listening interface with an NCCL-style filter (`RLX_SOCKET_IFNAME`).
+    pub fn ifname(mut self, filter: IfnameFilter) -> Self {
+        self.ifname = Some(filter);
+        self
+    }
+
+    /// How long a receiving thread polls its sockets without blocking before it sleeps in
+    /// `poll(2)` (default 50 µs; `RLX_SPIN_US` with [`TcpTransport::from_env`]). Spinning saves
+    /// the wake-up latency of a blocking read at the price of CPU time; zero never spins.
+    pub fn spin(mut self, spin: Duration) -> Self {
+        self.spin = spin;
+        self
+    }
+
+    /// How often the transport's background thread sends a heartbeat on a link that carried
+    /// nothing else (default 1 s; `RLX_HEARTBEAT_MS` with [`TcpTransport::from_env`]); zero
+    /// turns heartbeats off.
+    ///
+    /// A peer that sent nothing at all (no message, no heartbeat) for five intervals is lost:
+    /// every operation that needs it fails with [`CollectiveError::PeerLost`] saying for how long
+    /// it was silent, without waiting for the operation timeout. This is what notices a
+    /// stopped process (SIGSTOP, a debugger), a cut link or a machine gone to sleep, which send
+    /// no reset. The beats come from the transport's own thread, so a caller that computes for
+    /// a long time without calling the transport stays alive to its peers. Every rank should
+    /// use the same interval: a rank beating less often than its peers' window is lost to them.
+    pub fn heartbeat(mut self, interval: Duration) -> Self {
+        self.heartbeat = interval;
+        self
+    }
+
+    /// Whether large messages to ranks of this host may be read straight from this process's
+    /// memory, and read from theirs (default on, Linux only; `RLX_SINGLE_COPY=0` with
+    /// [`TcpTransport::from_env`] turns it off).
+    ///
+    /// Between two processes of one host a TCP message is copied twice by the kernel, once
+    /// into the socket and once out of it, and one message runs at what one loopback stream
+    /// carries. With this on, a message of at least
+    /// [`single_copy_min_bytes`](Self::single_copy_min_bytes) bytes to a rank of this host is
+    /// copied once, by the receiver, from the sender's buffer into its own (Linux's
+    /// cross-memory attach, as Open MPI's shared-memory transport does it); the send returns
+    /// when the receiver has it. When the transport is built, each rank offers its peers on
+    /// this host to read it, and a peer that can (same user, no `ptrace_scope` or seccomp
+    /// profile forbidding it) says so by writing into its memory; until then, and for good
+    /// where it cannot, their messages go over TCP. Nothing waits for the offers. Ranks in
+    /// other network namespaces count as other hosts. Both ranks of a pair must have it on.
+    pub fn single_copy(mut self, on: bool) -> Self {
+        self.min_single_copy = match on {
+            true if self.min_single_copy == u64::MAX => DEFAULT_MIN_SINGLE_COPY,
+            true => self.min_single_copy,
+            false => u64::MAX,
+        };
+        self
+    }
+
+    /// The smallest message the single-copy path carries (default 256 KiB;
+    /// `RLX_SINGLE_COPY_MIN_BYTES` with [`TcpTransport::from_env`]); smaller ones go over TCP,
+    /// which is as fast for them. Turns the path on.
+    pub fn single_copy_min_bytes(mut self, bytes: u64) -> Self {
+        self.min_single_copy = bytes.clamp(1, u64::MAX - 1);
+        self
+    }
+
+    /// Applies the engine's tuning variables of the environment: `RLX_SPIN_US` (see
+    /// [`spin`](Self::spin)), `RLX_HEARTBEAT_MS` (see [`heartbeat`](Self::heartbeat)),
+    /// `RLX_SINGLE_COPY` (`0` or `1`, see [`single_copy`](Self::single_copy)) and
+    /// `RLX_SINGLE_COPY_MIN_BYTES` (see [`single_copy_min_bytes`](Self::single_copy_min_bytes)).
+    /// Fails with `Config` when one is set but is not a number.
+    pub fn tuning_env(mut self) -> Result<Self> {
+        let number = |name: &str| -> Result<Option<u64>> {
+            match std::env::var(name) {
+                Ok(value) => value.trim().parse().map(Some).map_err(|_| {
+                    CollectiveError::config(format!("{name}={value:?} is not a number"))
+                }),
+                Err(_) => Ok(None),
+            }
+        };
+        if let Some(us) = number("RLX_SPIN_US")? {
+            self.spin = Duration::from_micros(us);
+        }
+        if let Some(ms) = number("RLX_HEARTBEAT_MS")? {
+            self.heartbeat = Duration::from_millis(ms);
+        }
+        if let Some(bytes) = number("RLX_SINGLE_COPY_MIN_BYTES")? {
+            self = self.single_copy_min_bytes(bytes);
+        }
+        match number("RLX_SINGLE_COPY")? {
+            None | Some(1) => {}
+            Some(0) => self = self.single_copy(false),
+            Some(other) => {
+                return Err(CollectiveError::config(format!(
+                    "RLX_SINGLE_COPY={other} (0 turns the single-copy path off, 1 leaves it on)"
+                )));
+            }
+        }
+        Ok(self)
+    }
+
+    /// A hook that sees every socket bootstrap creates before it is used: each listening
+    /// socket (the links' listeners and rank 0's rendezvous store) before `bind`, with
+    /// [`SocketRole::Listen`] and the address it will be bound to, and each connecting socket
+    /// (to peers and to the store) before `connect`, with [`SocketRole::Connect`] and the
+    /// destination. Accepted connections inherit their listener's options. An error from the
+    /// hook fails the build: for a connecting socket as [`CollectiveError::Io`] naming the
+    /// peer and address, without further attempts.
+    ///
+    /// The Thunderbolt transport pins sockets to its link with it (`SO_BINDTODEVICE`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use rlx_net::{SocketRole, TcpTransport};
+    ///
+    /// let builder = TcpTransport::builder().socket_setup(|socket, role| {
+    ///     if let SocketRole::Connect(_) = role {
+    ///         socket.set_nodelay(true)?;
+    ///     }
+    ///     Ok(())
+    /// });
+    /// # drop(builder);
+    /// ```
+    pub fn socket_setup(
+        mut self,
+        hook: impl Fn(&socket2::Socket, SocketRole) -> std::io::Result<()> + Send + Sync + 'static,
+    ) -> Self {
+        // The hook is configuration, not modelled state, and `std`'s `Arc` can hold a closure
+        // as a trait object.
+        let hook: std::sync::Arc<SocketSetupFn> = std::sync::Arc::new(hook);
+        self.socket_setup = Some(SocketSetup(hook));
+        self
+    }
+
+    /// Applies everything [`LaunchEnv`] read from the environment.
+    pub fn launch_env(mut self, env: LaunchEnv) -> Self {
+        self.rank = Some(env.rank);
+        self.world = Some(env.world_size);
+        self.rendezvous = Some(env.rendezvous);
+        self.op_timeout = env.op_timeout;
+        self.job_id = Some(env.job_id);
+        self.secret = env.job_secret;
+        self.ifname = env.ifname;
+        if let Some(n) = env.sockets_per_peer {
+            self.sockets_per_peer = Some(n);
+        }
+        if let Some(cap) = env.max_frame_bytes {
+            self.max_frame = cap;
+        }
+        self
+    }
+
+    /// Rendezvous with every rank, connect and handshake every link, and start the transport.
+    /// Waits up to the connect timeout for all ranks.
+    pub fn build(self) -> Result<TcpTransport> {
+        let config = self.clone();
+        let rendezvous = self.rendezvous.ok_or_else(|| {
+            CollectiveError::config("no rendezvous: give a hostfile or a master address")
+        })?;
+        let world = match (&rendezvous, self.world) {
+            (_, Some(w)) => w,
+            (Rendezvous::Hostfile(h), None) => u32::try_from(h.len())
+                .map_err(|_| CollectiveError::config("the hostfile lists too many ranks"))?,
+            (Rendezvous::Store { .. }, None) => {
+                return Err(CollectiveError::config("no world size"));
+            }
+        };
+        if world == 0 {
+            return Err(CollectiveError::config("world size 0"));
+        }
+        let rank = self
+            .rank
+            .ok_or_else(|| CollectiveError::config("no rank given"))?;
+        if rank >= world {
+            return Err(CollectiveError::UnknownRank {
+                rank,
+                world_size: world,
+            });
+        }
+        if self.op_timeout.is_zero() || self.max_frame == 0 {
+            return Err(CollectiveError::config(
+                "the operation timeout and the frame cap must be positive",
+            ));
+        }
+        let links = match (self.sockets_per_peer, &rendezvous) {
+            (Some(n), _) => n,
+            (None, Rendezvous::Hostfile(h)) => h.iter().map(Vec::len).max().unwrap_or(1) as u32,
+            (None, Rendezvous::Store { .. }) => 1,
+        };
+        if !(1..=64).contains(&links) {
+            return Err(CollectiveError::config(format!(
+                "{links} sockets per peer (1 to 64 are supported)"
+            )));
+        }
+        let job_id = self
+            .job_id
+            .clone()
+            .unwrap_or_else(|| rendezvous.derived_job_id());
+        let cfg = BootConfig {
+            rank,
+            world,
+            rendezvous,
+            connect_timeout: self.connect_timeout.unwrap_or(self.op_timeout),
+            hello_timeout: self.hello_timeout,
+            job: job_digest(&job_id),
+            secret: self.secret,
+            links,
+            bind_ip: self.bind_ip,
+            ifname: self.ifname,
+            socket_setup: self.socket_setup,
+        };
+        let established = bootstrap::establish(&cfg)?;
+        let peers = established
+            .links
+            .into_iter()
+            .zip(established.addrs)
+            .enumerate()
+            .map(|(r, (streams, addr))| (r as u32 != rank).then(|| PeerIo::new(streams, addr)))
+            .collect();
+        let engine = Engine::new(
+            rank,
+            world,
+            EngineConfig {
+                max_frame: self.max_frame,
+                max_unexpected: self.max_unexpected,
+                min_striped: self.min_striped.max(1),
+                op_timeout: self.op_timeout,
+                spin: self.spin,
+                heartbeat: self.heartbeat,
+                min_single_copy: self.min_single_copy,
+            },
+            peers,
+        )
+        .map_err(|source| CollectiveError::Io { peer: None, source })?;
+        engine.offer_single_copy();
+        let engine = Arc::new(engine);
+        let watcher = if world > 1 {
+            let e = Arc::clone(&engine);
+            Some(
+                thread::Builder::new()
+                    .name(format!("rlx-net-watch-{rank}"))
+                    .spawn(move || e.watch())
+                    .map_err(|source| CollectiveError::Io { peer: None, source })?,
+            )
+        } else {
+            None
+        };
+        Ok(TcpTransport::running(rank, world, engine, watcher, config))
+    }
+}
+
+impl TcpTransportBuilder {
+    /// The job id the transport runs under: the one given, or the rendezvous's.
+    pub(crate) fn effective_job_id(&self) -> String {
+        match (&self.job_id, &self.rendezvous) {
+            (Some(id), _) => id.clone(),
+            (None, Some(rendezvous)) => rendezvous.derived_job_id(),
+            (None, None) => String::new(),
+        }
+    }
+
+    /// The job secret, when one is set.
+    pub(crate) fn secret_bytes(&self) -> Option<Vec<u8>> {
+        self.secret.clone()
+    }
+
+    /// The rendezvous, when one is set.
+    pub(crate) fn rendezvous_spec(&self) -> Option<&Rendezvous> {
+        self.rendezvous.as_ref()
+    }
+
+    /// How long bootstrap (and joining) waits for the other ranks.
+    pub(crate) fn effective_connect_timeout(&self) -> Duration {
+        self.connect_timeout.unwrap_or(self.op_timeout)
+    }
+}
