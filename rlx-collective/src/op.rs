@@ -184,7 +184,6 @@ impl<'a> OpCtx<'a> {
         }
     }
 
-    /// The world rank of group rank `rank`.
     /// The segment size of a pipelined algorithm moving `bytes` in elements of `elem_size`:
     /// the group's settings, raised to the transport's hint for these members.
     pub(crate) fn segment_bytes(&self, bytes: usize, elem_size: usize) -> usize {
@@ -192,6 +191,7 @@ impl<'a> OpCtx<'a> {
         self.settings.segment_bytes(bytes, elem_size, hint)
     }
 
+    /// The world rank of group rank `rank`.
     pub(crate) fn world_rank(&self, rank: u32) -> Result<u32> {
         self.members
             .get(rank as usize)

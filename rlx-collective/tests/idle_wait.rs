@@ -1,8 +1,8 @@
-//! A rank blocked in a collective on a peer that is alive but slow (computing) sleeps after
-//! its spin window, whether its receive waits or its send does (a large message to a rank of
-//! this host waits until the peer has read it): over a 4 s wait the whole process (the waiting rank, the slow rank's idle
-//! transport, both background watchers and their heartbeats) uses a few percent of one core,
-//! measured from `/proc/self/stat`. The bound is generous (a loaded machine adds wake-up
+//! A rank blocked in a collective on a peer that is alive but slow (computing) sleeps after its
+//! spin window, whether its receive waits or its send does (a large message to a rank of this host
+//! waits until the peer has read it): over a 4 s wait the whole process (the waiting rank, the slow
+//! rank's idle transport, both background watchers and their heartbeats) uses a few percent of one
+//! core, measured from `/proc/self/stat`. The bound is generous (a loaded machine adds wake-up
 //! latency, not CPU time); the figure it prints is what `RELIABILITY.md` reports.
 
 #![cfg(all(feature = "tcp", target_os = "linux"))]

@@ -24,13 +24,13 @@
 //!
 //! Layout: this file holds the [`Engine`], its construction, failure and close; `hub.rs` the
 //! socket-free matching state, wake-up rule and receive loop (the part the loom models check);
-//! `recv.rs` the engine's socket side of that loop; `catch_up.rs` the reading of every link
-//! after this process was stopped; `service.rs` the link service that lands
-//! frames; `send.rs` the send path; `single_copy.rs` large messages between ranks of one host
-//! read straight from the sender's memory, over the OS calls of `cross_memory.rs`; `exchange.rs` a send and a receive run together by one
-//! thread; `traffic.rs` the byte counters; `watch.rs` the background watcher; `heartbeat.rs`
-//! the heartbeats and the silence rule; `link.rs` the per-peer sockets and link state;
-//! `socket.rs` the OS calls (`poll(2)`, vectored sends, wake-up sockets).
+//! `recv.rs` the engine's socket side of that loop; `catch_up.rs` the reading of every link after
+//! this process was stopped; `service.rs` the link service that lands frames; `send.rs` the send
+//! path; `single_copy.rs` large messages between ranks of one host read straight from the sender's
+//! memory, over the OS calls of `cross_memory.rs`; `exchange.rs` a send and a receive run together
+//! by one thread; `traffic.rs` the byte counters; `watch.rs` the background watcher; `heartbeat.rs`
+//! the heartbeats and the silence rule; `link.rs` the per-peer sockets and link state; `socket.rs`
+//! the OS calls (`poll(2)`, vectored sends, wake-up sockets).
 
 mod catch_up;
 mod cross_memory;
@@ -69,7 +69,9 @@ pub(crate) use hub::Hub;
 pub(crate) use hub::{DriveEnd, Links};
 pub(crate) use link::{EngineConfig, PeerIo};
 pub(crate) use single_copy::DEFAULT_MIN_SINGLE_COPY;
-use socket::{WakeWrite, read_some, same_host_congestion_control, send_vectored};
+use socket::{
+    WakeWrite, peer_on_this_host, read_some, same_host_congestion_control, send_vectored,
+};
 
 /// Default of [`EngineConfig::spin`]: how long a thread that waits for its own receive spins
 /// on non-blocking reads before it blocks in `poll(2)` (a blocking wake-up costs ~30 µs on the
@@ -110,6 +112,14 @@ impl Engine {
             .map(|p| p.links.len())
             .max()
             .unwrap_or(1);
+        let here: Box<[bool]> = peers
+            .iter()
+            .map(|p| {
+                p.as_ref()
+                    .and_then(|p| p.links.first())
+                    .is_some_and(|l| peer_on_this_host(&l.stream))
+            })
+            .collect();
         for peer in peers.iter().flatten() {
             for link in &peer.links {
                 link.stream.set_nonblocking(true)?;
@@ -135,7 +145,7 @@ impl Engine {
             self_seq: Mutex::new(0),
             traffic: TrafficCounters::default(),
             catch_up: CatchUp::new(),
-            single_copy: SingleCopy::new(world),
+            single_copy: SingleCopy::new(here),
         })
     }
 

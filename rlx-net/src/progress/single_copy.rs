@@ -62,7 +62,7 @@ use super::cross_memory;
 use super::exchange::Companion;
 use super::link::{Land, PeerIo};
 use super::service::Own;
-use super::socket::{peer_on_this_host, poll, pollfd};
+use super::socket::{poll, pollfd};
 
 /// Most parts (slices of the caller's) a pulled message may have; a message in more parts is
 /// sent over TCP.
@@ -194,20 +194,30 @@ pub(crate) struct SingleCopy {
     /// Indexed by rank.
     peers: &'static [PeerCopy],
     nonce: &'static [u8; 16],
+    /// Indexed by rank: the rank runs on this host (see `peer_on_this_host`), as its first
+    /// link said when the transport was built.
+    here: Box<[bool]>,
 }
 
 impl SingleCopy {
-    pub(crate) fn new(world: u32) -> Self {
+    /// The state of an engine whose peers `here[r]` says run on this host.
+    pub(crate) fn new(here: Box<[bool]>) -> Self {
         let mut nonce = Box::new([0u8; 16]);
         // Without randomness the nonce stays zero: the offer then still proves the peer can
         // read this process, only not that the process it named is this one, which the local
         // address already made likely.
         let _ = getrandom::fill(&mut nonce[..]);
-        let peers: Box<[PeerCopy]> = (0..world).map(|_| PeerCopy::default()).collect();
+        let peers: Box<[PeerCopy]> = here.iter().map(|_| PeerCopy::default()).collect();
         Self {
             peers: Box::leak(peers),
             nonce: Box::leak(nonce),
+            here,
         }
+    }
+
+    /// Whether `rank` runs on this host.
+    fn on_this_host(&self, rank: u32) -> bool {
+        self.here.get(rank as usize).copied().unwrap_or(false)
     }
 
     fn peer(&self, rank: u32) -> Option<&PeerCopy> {
@@ -281,29 +291,22 @@ impl Engine {
                     continue;
                 }
             }
-            let failed = if self.is_aborted() {
-                Some(CollectiveError::Aborted)
-            } else {
-                crate::sync::lock(&self.hub.state).peers[to as usize]
-                    .lost
-                    .clone()
-                    .map(|lost| lost.error(to))
-            };
-            if let Some(err) = failed {
-                self.withdraw_offer(to);
-                // The peer may have taken it just before.
-                if words.taken.load(Ordering::SeqCst) == seq + 1 {
-                    return Ok(());
-                }
-                return Err(err);
-            }
             let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
+            let lost = crate::sync::lock(&self.hub.state).peers[to as usize]
+                .lost
+                .clone();
+            let timed_out = deadline.is_some_and(|d| now >= d);
+            if self.is_aborted() || lost.is_some() || timed_out {
                 self.withdraw_offer(to);
+                // The peer may have taken it just before the offer was withdrawn.
                 if words.taken.load(Ordering::SeqCst) == seq + 1 {
                     return Ok(());
                 }
-                return Err(self.abandon_send(to, io, "before it took the message"));
+                return Err(match lost {
+                    _ if self.is_aborted() => CollectiveError::Aborted,
+                    Some(lost) => lost.error(to),
+                    None => self.abandon_send(to, io, "before it took the message"),
+                });
             }
             if now.duration_since(started) < spin {
                 // Yielding rather than spinning on the bare word: where ranks share cores, the
@@ -418,23 +421,17 @@ impl Engine {
     /// [`FrameKind::Offer`] frame on its first link, written before any message. Nothing waits
     /// for an answer; until one arrives, messages to that peer go over TCP.
     pub(crate) fn offer_single_copy(&self) {
-        if !cross_memory::SUPPORTED || self.cfg.min_single_copy == u64::MAX {
+        if !self.single_copy_willing() {
             return;
         }
-        for peer in 0..self.world {
-            let Some(Some(io)) = self.peers.get(peer as usize) else {
+        for peer in (0..self.world).filter(|&p| p != self.rank) {
+            let Some(words) = self
+                .single_copy
+                .peer(peer)
+                .filter(|_| self.single_copy.on_this_host(peer))
+            else {
                 continue;
             };
-            let Some(words) = self.single_copy.peer(peer) else {
-                continue;
-            };
-            if !io
-                .links
-                .first()
-                .is_some_and(|l| peer_on_this_host(&l.stream))
-            {
-                continue;
-            }
             let mut offer = [0u8; OFFER_LEN];
             offer[0..8].copy_from_slice(&u64::from(cross_memory::own_pid()).to_le_bytes());
             let nonce = self.single_copy.nonce.as_ptr() as usize as u64;
@@ -461,7 +458,7 @@ impl Engine {
     /// `accepted` word so that it starts sending them by pull. Anything else leaves the path
     /// off for that peer and is not an error: the offer is an optimisation.
     pub(super) fn take_offer(&self, peer: u32, offer: &[u8]) {
-        if !cross_memory::SUPPORTED || self.cfg.min_single_copy == u64::MAX {
+        if !self.single_copy_willing() {
             return;
         }
         let Some(words) = self.single_copy.peer(peer) else {
@@ -511,16 +508,16 @@ impl Engine {
     /// machine and pipelining buys nothing; over loopback TCP (the path switched off, or not
     /// permitted) 4 MiB segments measured as fast as 256 KiB ones.
     pub(crate) fn segment_hint(&self, members: &[u32]) -> Option<usize> {
-        let all_here = members.iter().all(|&m| {
-            m == self.rank
-                || self
-                    .peers
-                    .get(m as usize)
-                    .and_then(|p| p.as_ref())
-                    .and_then(|p| p.links.first())
-                    .is_some_and(|l| peer_on_this_host(&l.stream))
-        });
+        let all_here = members
+            .iter()
+            .all(|&m| m == self.rank || self.single_copy.on_this_host(m));
         (cross_memory::SUPPORTED && members.len() > 1 && all_here).then_some(ONE_HOST_SEGMENT)
+    }
+
+    /// Whether this rank offers to be read and takes its peers' offers: the system has the
+    /// calls and `RLX_SINGLE_COPY` did not turn the path off.
+    fn single_copy_willing(&self) -> bool {
+        cross_memory::SUPPORTED && self.cfg.min_single_copy != u64::MAX
     }
 
     /// Whether this rank reads large messages from `peer` by pull (for tests and tools).

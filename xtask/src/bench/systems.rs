@@ -1,7 +1,8 @@
-//! The systems `bench` measures side by side: RLX's own ranks and, with `--peers`, Open MPI
-//! (over its TCP BTL, and over its shared-memory BTL when the ranks share a host), Gloo (torch.distributed) and MLX's ring backend, each a set of long-lived
-//! processes driven step by step through the line protocol of [`super::measure`]; plus
-//! `iperf3` on loopback as the ceiling of one TCP stream.
+//! The systems `bench` measures side by side: RLX's own ranks and, with `--peers`, Open MPI (over
+//! its TCP BTL, and over its shared-memory BTL when the ranks share a host), Gloo
+//! (torch.distributed) and MLX's ring backend, each a set of long-lived processes driven step by
+//! step through the line protocol of [`super::measure`]; plus `iperf3` on loopback as the ceiling
+//! of one TCP stream.
 //!
 //! A peer that is not installed is skipped with a one-line note saying what to install; a
 //! peer that fails mid-sweep is dropped with a note. Neither is an error of the benchmark.
