@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{free_port, now_ms, pattern, rlx_env, spawn, thread_count, wait_all};
+use common::{free_port, now_ms, pattern, rlx_env, spawn, thread_count, threads_beyond, wait_all};
 use rlx_net::TcpTransport;
 use rlx_transport::{CollectiveError, Transport};
 
@@ -65,7 +65,7 @@ fn pairwise_worker() -> Result<(), String> {
     drop(t);
     println!(
         "threads left by the transport: {}",
-        thread_count().saturating_sub(before)
+        threads_beyond(before, Duration::from_secs(2))
     );
     Ok(())
 }
@@ -242,7 +242,7 @@ fn dropping_ends_every_thread() {
     w[0].send_bytes(1, 0, b"x").unwrap();
     assert_eq!(w[1].recv_bytes(0, 0).unwrap(), b"x");
     drop(w);
-    assert_eq!(thread_count(), before);
+    assert_eq!(threads_beyond(before, Duration::from_secs(2)), 0);
 }
 
 fn main() {

@@ -243,6 +243,22 @@ pub(crate) fn thread_count() -> usize {
     std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
 }
 
+/// Number of threads of this process beyond `before`, once threads that were joined have left
+/// the process's task list. A join returns as soon as the kernel has cleared the thread's id,
+/// which comes before the thread is removed from `/proc/self/task`; on a loaded machine a
+/// joined thread can therefore still be listed for a moment. A thread that is really left
+/// running stays listed, so waiting up to `within` for the count to settle cannot hide one.
+pub(crate) fn threads_beyond(before: usize, within: Duration) -> usize {
+    let deadline = Instant::now() + within;
+    loop {
+        let extra = thread_count().saturating_sub(before);
+        if extra == 0 || Instant::now() >= deadline {
+            return extra;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Whether process `pid` is stopped (state `T` in `/proc/PID/stat`, after the command name,
 /// which may itself hold spaces and parentheses).
 pub(crate) fn is_stopped(pid: libc::pid_t) -> bool {
