@@ -20,6 +20,11 @@ use crate::select::{Algorithm, CollectiveOp, Settings};
 use crate::wait_chain::ANSWER_PHASE;
 use crate::{CollectiveError, DType, Failure, NativeCollectives, Result, Tag, Transport};
 
+/// How many sends [`OpCtx::send_all_during`] keeps in flight at once. Each holds its link and
+/// a level of the stack until the innermost work is over; sixteen copies at once already
+/// outnumber the cores of the hosts this is for.
+const SENDS_IN_FLIGHT: usize = 16;
+
 /// What an issued operation is: the executor tells by it which group state the operation
 /// uses, and messages and thread names name the operation by it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -217,6 +222,64 @@ impl<'a> OpCtx<'a> {
     /// answers wait probes like a receive; one stuck mid-message answers probes from inside
     /// the transport. A rank stuck behind a silent peer is so never taken for the silent one.
     pub(crate) fn send_parts(&self, to: u32, parts: &[&[u8]]) -> Result<()> {
+        self.send_alongside(to, parts, None)
+    }
+
+    /// Sends `bytes` to group rank `to` as [`OpCtx::send`] does, running `meanwhile` while the
+    /// message is in flight (see [`Transport::try_send_message_during`]): where the peer copies
+    /// the message itself, this rank's own work, or its sends to other peers nested in the same
+    /// way, overlap that copy. `meanwhile` must not send to `to`.
+    pub(crate) fn send_during(
+        &self,
+        to: u32,
+        bytes: &[u8],
+        meanwhile: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        self.send_alongside(to, &[bytes], Some(meanwhile))
+    }
+
+    /// Sends `block(rank)` to every group rank in `to` and runs `meanwhile`, with up to
+    /// [`SENDS_IN_FLIGHT`] of the sends and then `meanwhile` in flight at once: each send runs
+    /// the next while its message is in flight (see [`OpCtx::send_during`]), so that where
+    /// peers copy their messages themselves they copy them at the same time, and this rank's
+    /// own work overlaps the last of them.
+    pub(crate) fn send_all_during<'b>(
+        &self,
+        to: &[u32],
+        block: &dyn Fn(u32) -> &'b [u8],
+        meanwhile: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        // Nesting is bounded, since each level holds a frame of the stack and a link.
+        let last = to.len().saturating_sub(1) / SENDS_IN_FLIGHT * SENDS_IN_FLIGHT;
+        for batch in to[..last].chunks(SENDS_IN_FLIGHT) {
+            self.send_nested(batch, block, &mut || Ok(()))?;
+        }
+        self.send_nested(&to[last..], block, meanwhile)
+    }
+
+    /// Sends `block(rank)` to every rank in `to`, each send running the next, the last
+    /// running `meanwhile`.
+    fn send_nested<'b>(
+        &self,
+        to: &[u32],
+        block: &dyn Fn(u32) -> &'b [u8],
+        meanwhile: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        match to.split_first() {
+            None => meanwhile(),
+            Some((&first, rest)) => self.send_during(first, block(first), &mut || {
+                self.send_nested(rest, block, &mut *meanwhile)
+            }),
+        }
+    }
+
+    /// [`OpCtx::send_parts`], running `meanwhile` (when given) while the message is in flight.
+    fn send_alongside(
+        &self,
+        to: u32,
+        parts: &[&[u8]],
+        mut meanwhile: Option<&mut dyn FnMut() -> Result<()>>,
+    ) -> Result<()> {
         let peer = self.world_rank(to)?;
         let mut first = true;
         let sent = self.watch.wait(self.timeout, NOTICE_SLICE, peer, |slice| {
@@ -224,9 +287,14 @@ impl<'a> OpCtx<'a> {
                 self.flight.waiting(self.seq, peer);
             }
             self.watch
-                .answering_while_blocked(peer, || {
-                    self.transport
-                        .try_send_message(peer, self.tag, parts, slice)
+                .answering_while_blocked(peer, || match meanwhile.as_deref_mut() {
+                    None => self
+                        .transport
+                        .try_send_message(peer, self.tag, parts, slice),
+                    Some(work) => {
+                        self.transport
+                            .try_send_message_during(peer, self.tag, parts, slice, work)
+                    }
                 })
                 .map(|sent| sent.then_some(()))
         })?;

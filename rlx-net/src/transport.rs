@@ -214,6 +214,17 @@ impl Transport for TcpTransport {
         self.engine.try_send(to, FrameKind::Data, tag, parts, wait)
     }
 
+    fn try_send_message_during(
+        &self,
+        to: u32,
+        tag: Tag,
+        parts: &[&[u8]],
+        wait: Duration,
+        meanwhile: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<bool> {
+        self.engine.try_send_during(to, tag, parts, wait, meanwhile)
+    }
+
     fn try_send_failure(
         &self,
         to: u32,

@@ -1,8 +1,9 @@
 //! The single-copy path between ranks of one host: large messages read straight from the
 //! sender's memory land exactly, in every way a message can land (a posted buffer, an
 //! exchange, the unexpected queue, several parts), the traffic counters show that they took
-//! the path, switching it off on one rank keeps both directions on TCP, and a sender that gives
-//! up on a message leaves the receiver with an error, never with bytes it cannot trust.
+//! the path, switching it off on one rank keeps both directions on TCP, a sender that gives
+//! up on a message leaves the receiver with an error, never with bytes it cannot trust, and
+//! work run during a send overlaps the peer's copy.
 
 mod common;
 
@@ -188,6 +189,64 @@ fn a_sender_that_gives_up_is_not_trusted() {
     );
 }
 
+/// Work run during a send: it can wait for the peer's answer to the message in flight (the
+/// peer takes it meanwhile), nest a send to another peer, and not send to the same peer (a
+/// clear error, no hang); an error of the work comes back once the message is delivered, and
+/// the links stay usable.
+fn work_runs_while_the_message_is_in_flight() {
+    let w = shared_world(3, |b| b.op_timeout(Duration::from_secs(20)));
+    std::thread::scope(|s| {
+        let others: Vec<_> = [&w[1], &w[2]]
+            .into_iter()
+            .map(|t| s.spawn(|| settle(t.as_ref())))
+            .collect();
+        settle(w[0].as_ref()).expect("settle rank 0");
+        for one in others {
+            one.join().expect("a rank").expect("settle");
+        }
+    });
+    let first = pattern(0, 1, (4 << 20) + 1);
+    let second = pattern(0, 2, 3 << 20);
+    let wait = Duration::from_secs(20);
+    std::thread::scope(|s| {
+        let one = s.spawn(|| {
+            let got = w[1].recv_bytes(0, 5).expect("rank 1 receives");
+            w[1].send_bytes(0, 6, &[u8::from(got == first)]).unwrap();
+        });
+        let two = s.spawn(|| w[2].recv_bytes(0, 7).expect("rank 2 receives") == second);
+        let mut runs = 0;
+        let mut work = || {
+            runs += 1;
+            // The peer takes the message while this work runs, and answers.
+            assert_eq!(w[0].recv_bytes(1, 6)?, [1]);
+            let again = w[0].send_bytes(1, 8, b"x").unwrap_err();
+            assert!(
+                matches!(&again, CollectiveError::InvalidArgument { .. })
+                    && again.to_string().contains("rank 1"),
+                "{again}"
+            );
+            let mut failing = || Err(CollectiveError::invalid("the work failed"));
+            let tag = Tag::user(7)?;
+            w[0].try_send_message_during(2, tag, &[&second], wait, &mut failing)?;
+            unreachable!("the nested work failed, and so does its send")
+        };
+        let tag = Tag::user(5).unwrap();
+        let err = w[0]
+            .try_send_message_during(1, tag, &[&first], wait, &mut work)
+            .unwrap_err();
+        assert!(err.to_string().contains("the work failed"), "{err}");
+        assert_eq!(runs, 1);
+        one.join().expect("rank 1");
+        assert!(two.join().expect("rank 2"), "rank 2's message differs");
+    });
+    for peer in [1, 2] {
+        let traffic = w[peer].traffic().expect("counted");
+        assert!(traffic.single_copy_bytes >= 3 << 20, "{traffic:?}");
+        w[0].send_bytes(peer as u32, 9, b"after").unwrap();
+        assert_eq!(w[peer].recv_bytes(0, 9).unwrap(), b"after");
+    }
+}
+
 fn main() {
     common::run(
         &[
@@ -206,6 +265,10 @@ fn main() {
             (
                 "a_sender_that_gives_up_is_not_trusted",
                 a_sender_that_gives_up_is_not_trusted,
+            ),
+            (
+                "work_runs_while_the_message_is_in_flight",
+                work_runs_while_the_message_is_in_flight,
             ),
         ],
         worker,

@@ -317,6 +317,21 @@ impl Transport for ThunderboltTransport {
         self.inner.try_send_message(to, tag, parts, wait)
     }
 
+    fn try_send_message_during(
+        &self,
+        to: u32,
+        tag: Tag,
+        parts: &[&[u8]],
+        wait: Duration,
+        meanwhile: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<bool> {
+        self.inner.try_send_message_during(to, tag, parts, wait, meanwhile)
+    }
+
+    fn segment_hint(&self, members: &[u32]) -> Option<usize> {
+        self.inner.segment_hint(members)
+    }
+
     fn try_send_failure(
         &self,
         to: u32,

@@ -174,6 +174,34 @@ pub trait Transport: Send + Sync {
         self.send_message(to, tag, parts).map(|()| true)
     }
 
+    /// [`Transport::try_send_message`] that runs `meanwhile`, work of the caller's own, while
+    /// the message is in flight, and returns once both are over. A transport whose send ends
+    /// only when the peer has read the message (a single copy between processes of one host)
+    /// runs `meanwhile` between handing the message over and that end, so the caller's work
+    /// and the peer's copy overlap; a collective that sends to several peers nests its sends
+    /// this way and has all of them in flight at once. The default sends, then runs it.
+    ///
+    /// `meanwhile` runs exactly once if the message started to leave (`Ok(true)`) and never
+    /// if it did not (`Ok(false)`) or the send failed first. Its error is the call's error,
+    /// returned once the send has ended as it would have without `meanwhile`, so that a peer
+    /// that is reading is not left with half a message. `meanwhile` must not send to `to`: in
+    /// a transport that keeps the link to `to` for the message meanwhile, such a send would
+    /// wait for the one it runs inside, and it fails with
+    /// [`CollectiveError::InvalidArgument`] instead.
+    fn try_send_message_during(
+        &self,
+        to: u32,
+        tag: Tag,
+        parts: &[&[u8]],
+        wait: Duration,
+        meanwhile: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<bool> {
+        if !self.try_send_message(to, tag, parts, wait)? {
+            return Ok(false);
+        }
+        meanwhile().map(|()| true)
+    }
+
     /// [`Transport::send_failure`] under the rule of [`Transport::try_send_message`]: the
     /// groups' failure notices go to every member, and one member that does not read must not
     /// hold them back from the others.

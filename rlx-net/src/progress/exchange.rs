@@ -18,6 +18,7 @@ use crate::frame::FrameKind;
 use crate::matching::{Begin, Outcome};
 use crate::sync::lock;
 
+use super::send::Alongside;
 use super::Engine;
 use super::link::PeerIo;
 use super::service::{Own, Service};
@@ -86,7 +87,8 @@ impl Engine {
             holds,
             done: false,
         };
-        let sent = self.send_with(to, FrameKind::Data, tag, parts, Some(&mut companion), None);
+        let alongside = Alongside::Exchange(&mut companion);
+        let sent = self.send_with(to, FrameKind::Data, tag, parts, alongside, None);
         let holding = companion.reading();
         if let Err(error) = sent {
             if holding {

@@ -30,6 +30,53 @@ const LIGHT_WAIT: Duration = Duration::from_millis(1);
 thread_local! {
     /// The links a blocked sender holds while it reads them, reused across calls.
     static HELD: RefCell<Vec<(u32, usize)>> = const { RefCell::new(Vec::new()) };
+    /// The sends whose caller's work runs on this thread now (see [`Alongside::Work`]), as
+    /// (engine address, destination rank): each holds its destination's links until its work
+    /// is over, so a send to the same destination from inside that work would wait for itself.
+    static OPEN: RefCell<Vec<(usize, u32)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The work a caller runs while its message is in flight, see
+/// `Transport::try_send_message_during`.
+pub(crate) type Meanwhile<'a> = &'a mut dyn FnMut() -> Result<(), CollectiveError>;
+
+/// What a send does besides writing its message and waiting for it to leave.
+pub(super) enum Alongside<'a, 'c> {
+    /// Nothing.
+    Nothing,
+    /// It moves an exchange's receive on between its writes and while the peer takes the
+    /// message (see [`Companion`]).
+    Exchange(&'a mut Companion<'c>),
+    /// It runs the caller's work once the message is handed over, before it waits for the
+    /// peer to take it, so that the two overlap.
+    Work(Meanwhile<'a>),
+}
+
+/// Marks a send's work as running on this thread until it is dropped (also when the work
+/// panics).
+struct OpenSend(usize, u32);
+
+impl OpenSend {
+    fn enter(engine: usize, to: u32) -> Self {
+        OPEN.with(|open| open.borrow_mut().push((engine, to)));
+        Self(engine, to)
+    }
+
+    /// Whether work of a send of `engine` to `to` runs on this thread.
+    fn running(engine: usize, to: u32) -> bool {
+        OPEN.with(|open| open.borrow().contains(&(engine, to)))
+    }
+}
+
+impl Drop for OpenSend {
+    fn drop(&mut self) {
+        OPEN.with(|open| {
+            let mut open = open.borrow_mut();
+            if let Some(i) = open.iter().rposition(|&entry| entry == (self.0, self.1)) {
+                open.remove(i);
+            }
+        });
+    }
 }
 
 impl Engine {
@@ -42,7 +89,8 @@ impl Engine {
         tag: Tag,
         parts: &[&[u8]],
     ) -> Result<(), CollectiveError> {
-        self.send_with(to, kind, tag, parts, None, None).map(|_| ())
+        self.send_with(to, kind, tag, parts, Alongside::Nothing, None)
+            .map(|_| ())
     }
 
     /// [`Engine::send`] of a message that must not wait behind a peer that does not read:
@@ -58,22 +106,52 @@ impl Engine {
         parts: &[&[u8]],
         wait: Duration,
     ) -> Result<bool, CollectiveError> {
-        self.send_with(to, kind, tag, parts, None, Some(Instant::now() + wait))
+        let by = Some(Instant::now() + wait);
+        self.send_with(to, kind, tag, parts, Alongside::Nothing, by)
     }
 
-    /// [`Engine::send`], reading the links of an exchange's receive meanwhile when one is
-    /// given (see [`Companion`]), and giving up before the first byte at `first_byte_by` when
-    /// that is given (`Ok(false)`, see [`Engine::try_send`]).
+    /// [`Engine::try_send`] of a message that runs `meanwhile` once the message is handed
+    /// over and before the send waits for the peer to take it (see
+    /// `Transport::try_send_message_during`). `meanwhile` does not run when the message did not
+    /// start (`Ok(false)`) or the send failed first; its error is returned once the send is
+    /// over.
+    pub(crate) fn try_send_during(
+        &self,
+        to: u32,
+        tag: Tag,
+        parts: &[&[u8]],
+        wait: Duration,
+        meanwhile: Meanwhile<'_>,
+    ) -> Result<bool, CollectiveError> {
+        let by = Some(Instant::now() + wait);
+        let work = Alongside::Work(meanwhile);
+        self.send_with(to, FrameKind::Data, tag, parts, work, by)
+    }
+
+    /// [`Engine::send`], doing `alongside` meanwhile, and giving up before the first byte at
+    /// `first_byte_by` when that is given (`Ok(false)`, see [`Engine::try_send`]).
     pub(super) fn send_with(
         &self,
         to: u32,
         kind: FrameKind,
         tag: Tag,
         parts: &[&[u8]],
-        mut companion: Option<&mut Companion<'_>>,
+        alongside: Alongside<'_, '_>,
         first_byte_by: Option<Instant>,
     ) -> Result<bool, CollectiveError> {
         self.check_rank(to)?;
+        let engine = std::ptr::from_ref(self) as usize;
+        if OpenSend::running(engine, to) {
+            return Err(CollectiveError::invalid(format!(
+                "a send to rank {to} started inside work that runs while another send to rank \
+                 {to} is in flight; it would wait for that send, which waits for the work"
+            )));
+        }
+        let (mut companion, work) = match alongside {
+            Alongside::Nothing => (None, None),
+            Alongside::Exchange(c) => (Some(c), None),
+            Alongside::Work(w) => (None, Some(w)),
+        };
         if self.is_aborted() {
             return Err(CollectiveError::Aborted);
         }
@@ -213,6 +291,12 @@ impl Engine {
         if kind != FrameKind::Offer {
             tx.next_seq += 1;
         }
+        // The caller's work runs while the peer copies the message. Its error waits until the
+        // send is over, so that a peer that is reading is not left with half a message.
+        let worked = work.map_or(Ok(()), |work| {
+            let _open = OpenSend::enter(engine, to);
+            work()
+        });
         if pull {
             // The link stays this message's (the send lock held) until the peer has read it,
             // so that nothing overtakes it and the caller's buffer stays untouched meanwhile.
@@ -221,7 +305,7 @@ impl Engine {
         if kind == FrameKind::Data {
             self.traffic.sent(total);
         }
-        Ok(true)
+        worked.map(|()| true)
     }
 
     /// A send to `to` that reached its deadline `when` the link was left in a state nothing

@@ -59,6 +59,21 @@ impl<T: Transport + 'static> Transport for Symmetric<T> {
         self.carrier().try_send_message(to, tag, parts, wait)
     }
 
+    fn try_send_message_during(
+        &self,
+        to: u32,
+        tag: Tag,
+        parts: &[&[u8]],
+        wait: Duration,
+        meanwhile: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<bool> {
+        self.carrier().try_send_message_during(to, tag, parts, wait, meanwhile)
+    }
+
+    fn segment_hint(&self, members: &[u32]) -> Option<usize> {
+        self.carrier().segment_hint(members)
+    }
+
     fn try_send_failure(
         &self,
         to: u32,
