@@ -18,13 +18,19 @@ pub(crate) fn run(ctx: &OpCtx<'_>, root: u32, data: &mut [u8]) -> Result<()> {
         mask <<= 1;
     }
     // Children are relative + 2^k for every 2^k below the bit this rank received on (below n
-    // for the root), the farthest first so the deepest subtree starts earliest.
+    // for the root), the farthest first so the deepest subtree starts earliest. The sends are
+    // in flight together, so children that copy the data themselves copy it at once.
     mask >>= 1;
+    // At most one child per bit of a rank, so they fit on the stack of this latency path.
+    let mut children = [0u32; u32::BITS as usize];
+    let mut count = 0;
     while mask > 0 {
         if relative + mask < n {
-            ctx.send(real(relative + mask), data)?;
+            children[count] = real(relative + mask);
+            count += 1;
         }
         mask >>= 1;
     }
-    Ok(())
+    let data = &*data;
+    ctx.send_all_during(&children[..count], &|_| data, &mut || Ok(()))
 }
