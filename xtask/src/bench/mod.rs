@@ -105,7 +105,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
 
     let mut peers: Vec<System> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
-    let mut ceilings: Vec<f64> = Vec::new();
+    let mut ceilings = Ceilings::default();
     if args.peers {
         // Open MPI's shared-memory layer is the fair comparison only where RLX's ranks may
         // use their single-copy path too: processes of one host, in one network namespace.
@@ -170,9 +170,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
     result?;
     print_summary(&rows, &combos);
     print_compression_summary(&rows);
-    let ceiling = ceilings.iter().copied().reduce(f64::max);
+    let best = |figures: &[f64]| figures.iter().copied().reduce(f64::max);
+    let ceiling = best(&ceilings.one_way);
     if let Some(ceiling) = ceiling {
-        print_ceiling(&rows, ceiling);
+        print_ceiling(&rows, ceiling, best(&ceilings.both_ways));
     }
     for note in &notes {
         println!("# note: {note}");
@@ -373,33 +374,54 @@ fn step_timeout(step: &Step) -> Duration {
 /// (a fast link, or loopback with more cores than one stream uses).
 const IPERF_PARALLEL_STREAMS: u32 = 4;
 
-/// Measures iperf3 over `path` with one stream and with [`IPERF_PARALLEL_STREAMS`], adding
-/// both to `ceilings`; returns the line that reports them (`when` = before or after the
-/// sweep), or `None` with a note when iperf3 cannot run.
+/// What iperf3 carried over the ranks' path, in GB/s, every measurement of the run.
+#[derive(Debug, Default)]
+pub(crate) struct Ceilings {
+    /// One direction at a time, as iperf3 measures by default: the figure a link is sold by.
+    pub(crate) one_way: Vec<f64>,
+    /// Each direction while the other carries as much (`--bidir`), per direction. Every
+    /// operation whose ranks send and receive at once (an exchange, a ring, a pairwise swap)
+    /// moves bytes this way; where the hosts' cores rather than the link bound TCP, this is
+    /// its ceiling.
+    pub(crate) both_ways: Vec<f64>,
+}
+
+/// Measures iperf3 over `path` with one stream and with [`IPERF_PARALLEL_STREAMS`], one way
+/// and both ways at once, adding them to `ceilings`; returns the line that reports them
+/// (`when` = before or after the sweep), or `None` with a note when iperf3 cannot run.
 fn measure_ceiling(
     path: &IperfPath,
     when: &str,
-    ceilings: &mut Vec<f64>,
+    ceilings: &mut Ceilings,
     notes: &mut Vec<String>,
 ) -> Option<String> {
-    let mut measured = Vec::new();
-    for streams in [1, IPERF_PARALLEL_STREAMS] {
-        match systems::iperf3(3, path, streams) {
-            Ok(gbps) => {
-                ceilings.push(gbps);
-                measured.push(format!("{streams} stream(s) {gbps:.2} GB/s"));
-            }
-            Err(note) => {
-                if !notes.contains(&note) {
-                    notes.push(note);
+    let mut one_way = Vec::new();
+    let mut both_ways = Vec::new();
+    for both in [false, true] {
+        for streams in [1, IPERF_PARALLEL_STREAMS] {
+            match systems::iperf3(3, path, streams, both) {
+                Ok(gbps) => {
+                    let (figures, line) = if both {
+                        (&mut ceilings.both_ways, &mut both_ways)
+                    } else {
+                        (&mut ceilings.one_way, &mut one_way)
+                    };
+                    figures.push(gbps);
+                    line.push(format!("{streams} stream(s) {gbps:.2} GB/s"));
                 }
-                return None;
+                Err(note) => {
+                    if !notes.contains(&note) {
+                        notes.push(note);
+                    }
+                    return None;
+                }
             }
         }
     }
     Some(format!(
-        "# iperf3 {}, {when} the sweep: {}",
+        "# iperf3 {}, {when} the sweep: {}; both ways at once, each way: {}",
         path.describe(),
-        measured.join(", ")
+        one_way.join(", "),
+        both_ways.join(", ")
     ))
 }

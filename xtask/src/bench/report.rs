@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use rlx_collective::ReduceKind;
 use serde::Serialize;
 
+use super::Ceilings;
 use super::args::BenchArgs;
 use super::measure::{self, Combo, Step};
 use super::plot;
@@ -265,20 +266,33 @@ pub(super) fn print_summary(rows: &[Row], combos: &[Combo]) {
     }
 }
 
-/// For every RLX row, its busbw as a fraction of the iperf3 ceiling.
-pub(super) fn print_ceiling(rows: &[Row], ceiling: f64) {
-    println!("#\n# rlx busbw / iperf3 ceiling ({ceiling:.2} GB/s), sizes of 512 KiB and up:");
+/// For every RLX row, its busbw as a fraction of the best one-way iperf3 figure, and of the
+/// best figure each way of iperf3 running both ways at once when that was measured.
+pub(super) fn print_ceiling(rows: &[Row], one_way: f64, both_ways: Option<f64>) {
+    match both_ways {
+        Some(both) => println!(
+            "#\n# rlx busbw / iperf3 ceiling ({one_way:.2} GB/s one way; {both:.2} GB/s each \
+             way both ways at once), sizes of 512 KiB and up:"
+        ),
+        None => println!(
+            "#\n# rlx busbw / iperf3 ceiling ({one_way:.2} GB/s), sizes of 512 KiB and up:"
+        ),
+    }
     for r in rows
         .iter()
         .filter(|r| r.system == "rlx" && r.bytes >= 512 << 10)
     {
-        println!(
+        let mut line = format!(
             "#   {:<28} {:>11} B  {:>6.3} GB/s  {:>5.2}x",
             format!("{} {} {}", r.op, r.dtype, r.redop),
             r.bytes,
             r.busbw_gbps,
-            r.busbw_gbps / ceiling
+            r.busbw_gbps / one_way
         );
+        if let Some(both) = both_ways {
+            line.push_str(&format!("  {:>5.2}x both ways", r.busbw_gbps / both));
+        }
+        println!("{line}");
     }
 }
 
@@ -305,7 +319,7 @@ pub(super) fn write_json(
     path: &PathBuf,
     args: &BenchArgs,
     rows: &[Row],
-    ceilings: &[f64],
+    ceilings: &Ceilings,
     notes: &[String],
 ) -> Result<(), String> {
     let doc = serde_json::json!({
@@ -315,7 +329,8 @@ pub(super) fn write_json(
         "iters": args.iters,
         "warmup": args.warmup,
         "budget_bytes": measure::parse_size(&args.budget)?,
-        "iperf3_gbps": ceilings,
+        "iperf3_gbps": ceilings.one_way,
+        "iperf3_both_ways_gbps": ceilings.both_ways,
         "notes": notes,
         "rows": rows,
     });

@@ -436,8 +436,16 @@ impl IperfPath {
 }
 
 /// `iperf3` over `path` for `seconds` with `streams` parallel TCP streams: their received
-/// bandwidth together in GB/s, or a note when iperf3 is missing or fails.
-pub(crate) fn iperf3(seconds: u32, path: &IperfPath, streams: u32) -> Result<f64, String> {
+/// bandwidth together in GB/s, or a note when iperf3 is missing or fails. With `both_ways`,
+/// `streams` streams run in each direction at once (`--bidir`, as an exchange, a ring step or
+/// a pairwise swap moves bytes) and the figure is the mean of the two directions: what each
+/// way carries while the other is busy too.
+pub(crate) fn iperf3(
+    seconds: u32,
+    path: &IperfPath,
+    streams: u32,
+    both_ways: bool,
+) -> Result<f64, String> {
     let Some(iperf3) = find_program("iperf3") else {
         return Err("iperf3: skipped, not found (apt-get install iperf3)".to_owned());
     };
@@ -487,6 +495,9 @@ pub(crate) fn iperf3(seconds: u32, path: &IperfPath, streams: u32) -> Result<f64
         ]
         .map(str::to_owned),
     );
+    if both_ways {
+        args.push("--bidir".to_owned());
+    }
     let output = Command::new(&program)
         .args(&args)
         .output()
@@ -494,10 +505,17 @@ pub(crate) fn iperf3(seconds: u32, path: &IperfPath, streams: u32) -> Result<f64
     job.finish(Duration::from_secs(2));
     let report: serde_json::Value = serde_json::from_slice(&output.stdout)
         .map_err(|e| format!("iperf3: unreadable report: {e}"))?;
-    report["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .map(|bits| bits / 8e9)
-        .ok_or_else(|| format!("iperf3: no bandwidth in its report: {}", report["error"]))
+    let received = |direction: &str| {
+        report["end"][direction]["bits_per_second"]
+            .as_f64()
+            .map(|bits| bits / 8e9)
+            .ok_or_else(|| format!("iperf3: no bandwidth in its report: {}", report["error"]))
+    };
+    let forward = received("sum_received")?;
+    if !both_ways {
+        return Ok(forward);
+    }
+    Ok((forward + received("sum_received_bidir_reverse")?) / 2.0)
 }
 
 #[cfg(test)]
