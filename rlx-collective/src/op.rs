@@ -291,10 +291,9 @@ impl<'a> OpCtx<'a> {
                     None => self
                         .transport
                         .try_send_message(peer, self.tag, parts, slice),
-                    Some(work) => {
-                        self.transport
-                            .try_send_message_during(peer, self.tag, parts, slice, work)
-                    }
+                    Some(work) => self
+                        .transport
+                        .try_send_message_during(peer, self.tag, parts, slice, work),
                 })
                 .map(|sent| sent.then_some(()))
         })?;

@@ -325,7 +325,8 @@ impl Transport for ThunderboltTransport {
         wait: Duration,
         meanwhile: &mut dyn FnMut() -> Result<()>,
     ) -> Result<bool> {
-        self.inner.try_send_message_during(to, tag, parts, wait, meanwhile)
+        self.inner
+            .try_send_message_during(to, tag, parts, wait, meanwhile)
     }
 
     fn segment_hint(&self, members: &[u32]) -> Option<usize> {

@@ -18,9 +18,9 @@ use crate::frame::FrameKind;
 use crate::matching::{Begin, Outcome};
 use crate::sync::lock;
 
-use super::send::Alongside;
 use super::Engine;
 use super::link::PeerIo;
+use super::send::Alongside;
 use super::service::{Own, Service};
 use super::socket::{POLL_FDS, poll, pollfd};
 

@@ -67,7 +67,8 @@ impl<T: Transport + 'static> Transport for Symmetric<T> {
         wait: Duration,
         meanwhile: &mut dyn FnMut() -> Result<()>,
     ) -> Result<bool> {
-        self.carrier().try_send_message_during(to, tag, parts, wait, meanwhile)
+        self.carrier()
+            .try_send_message_during(to, tag, parts, wait, meanwhile)
     }
 
     fn segment_hint(&self, members: &[u32]) -> Option<usize> {
