@@ -2,8 +2,9 @@
 //! sender's memory land exactly, in every way a message can land (a posted buffer, an
 //! exchange, the unexpected queue, several parts), the traffic counters show that they took
 //! the path, switching it off on one rank keeps both directions on TCP, a sender that gives
-//! up on a message leaves the receiver with an error, never with bytes it cannot trust, and
-//! work run during a send overlaps the peer's copy.
+//! up on a message leaves the receiver with an error, never with bytes it cannot trust, work
+//! run during a send overlaps the peer's copy, and a message that arrives shortly before its
+//! receive waits for it instead of being copied twice.
 
 mod common;
 
@@ -247,6 +248,41 @@ fn work_runs_while_the_message_is_in_flight() {
     }
 }
 
+/// A large message that arrives before its receive is posted stays in the sender's memory for
+/// a while instead of landing in a buffer of the transport's own: a receive posted a little
+/// later reads it straight into its buffer, and nothing is copied twice.
+fn a_message_waits_for_a_receive_posted_late() {
+    let w = shared_world(2, |b| b.op_timeout(Duration::from_secs(20)));
+    std::thread::scope(|s| {
+        let one = s.spawn(|| settle(w[1].as_ref()));
+        settle(w[0].as_ref()).expect("settle rank 0");
+        one.join().expect("rank 1").expect("settle rank 1");
+    });
+    let before = w[1].traffic().expect("counted");
+    let len = 256 << 20;
+    let message = pattern(0, 3, len);
+    std::thread::scope(|s| {
+        let sender = s.spawn(|| w[0].send_bytes(1, 11, &message));
+        // Well inside the wait of a message this large (100 ms), and long enough for the
+        // background reader to have seen its frame.
+        std::thread::sleep(Duration::from_millis(5));
+        let mut buf = vec![0u8; len];
+        let got = w[1]
+            .recv_message_into(0, Tag::user(11).unwrap(), &mut buf, Duration::from_secs(20))
+            .unwrap();
+        assert_eq!(got, Some(len));
+        assert!(buf == message, "the message differs");
+        sender.join().expect("rank 0").expect("the send");
+    });
+    let after = w[1].traffic().expect("counted");
+    assert_eq!(
+        after.single_copy_bytes - before.single_copy_bytes,
+        len as u64,
+        "{after:?}"
+    );
+    assert_eq!(after.copied_bytes, before.copied_bytes, "{after:?}");
+}
+
 fn main() {
     common::run(
         &[
@@ -269,6 +305,10 @@ fn main() {
             (
                 "work_runs_while_the_message_is_in_flight",
                 work_runs_while_the_message_is_in_flight,
+            ),
+            (
+                "a_message_waits_for_a_receive_posted_late",
+                a_message_waits_for_a_receive_posted_late,
             ),
         ],
         worker,

@@ -19,6 +19,8 @@
 //! invariants; `peer.rs` holds one peer's queues, budget and reader roles; `tests.rs` the
 //! unit tests.
 
+use std::time::Instant;
+
 use rlx_transport::{CollectiveError, Failure, Tag};
 
 use crate::error::Lost;
@@ -460,6 +462,7 @@ impl State {
             .posted
             .iter_mut()
             .find(|p| p.tag == tag && matches!(p.state, PostState::Waiting));
+        let held = peer.held_pull.take();
         let (dest, target, capacity, landing) = match post {
             Some(post) => {
                 let fits = post.capacity.is_none_or(|c| total <= c as u64);
@@ -490,6 +493,11 @@ impl State {
                 }
             }
             None => {
+                peer.held_pull = held;
+                if header.kind == FrameKind::Pull && peer.holds_pull(seq, total, Instant::now()) {
+                    return Ok(Landing::Park);
+                }
+                peer.held_pull = None;
                 if !peer.admits(total, budget) {
                     return Ok(Landing::Park);
                 }

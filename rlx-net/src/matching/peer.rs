@@ -3,7 +3,7 @@
 //! role of each of its links.
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{Arriving, Body, PostId, Posted, Queued};
 use crate::error::Lost;
@@ -35,6 +35,21 @@ pub(crate) struct LinkSlot {
     pub(crate) parked: bool,
 }
 
+/// How long an unexpected pulled message stays in its sender's memory per byte: the time a
+/// byte takes to copy at 1 GB/s, about what landing it in a buffer of the transport's own (a
+/// fresh allocation, then a second copy into the receive) costs.
+const HOLD_PER_BYTE: Duration = Duration::from_nanos(1);
+/// The longest an unexpected pulled message stays in its sender's memory.
+const LONGEST_HOLD: Duration = Duration::from_millis(100);
+
+/// An unexpected pulled message left in its sender's memory for a while (see
+/// [`PeerState::holds_pull`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HeldPull {
+    seq: u64,
+    until: Instant,
+}
+
 /// Per-peer matching state.
 #[derive(Debug)]
 pub(crate) struct PeerState {
@@ -46,6 +61,8 @@ pub(crate) struct PeerState {
     pub(super) next_seq: u64,
     pub(crate) lost: Option<Lost>,
     pub(crate) links: Vec<LinkSlot>,
+    /// The pulled message at the head of link 0 that waits for its receive to be posted.
+    pub(super) held_pull: Option<HeldPull>,
 }
 
 impl PeerState {
@@ -65,7 +82,36 @@ impl PeerState {
                     parked: false,
                 })
                 .collect(),
+            held_pull: None,
         }
+    }
+
+    /// Whether unexpected pulled message `seq` of `total` bytes stays in its sender's memory
+    /// for now (its link parked). The sender waits until it is taken anyway, and a receive
+    /// posted meanwhile reads it straight into its buffer; landing it now would cost a buffer of
+    /// its size and a second copy. It stays for about as long as that would take, counted from
+    /// when it was first seen, and is then taken like any message, so that ranks that send to
+    /// each other before they receive still make progress.
+    pub(super) fn holds_pull(&mut self, seq: u64, total: u64, now: Instant) -> bool {
+        match self.held_pull {
+            Some(held) if held.seq == seq => now < held.until,
+            _ => {
+                let hold = HOLD_PER_BYTE
+                    .saturating_mul(u32::try_from(total).unwrap_or(u32::MAX))
+                    .min(LONGEST_HOLD);
+                self.held_pull = Some(HeldPull {
+                    seq,
+                    until: now + hold,
+                });
+                true
+            }
+        }
+    }
+
+    /// When the pulled message this peer's link 0 is parked for stops waiting for its receive,
+    /// if one is: from then on the background watcher takes it.
+    pub(crate) fn hold_ends(&self) -> Option<Instant> {
+        self.held_pull.map(|held| held.until)
     }
 
     pub(super) fn post_mut(&mut self, id: PostId) -> Option<&mut Posted> {

@@ -24,6 +24,7 @@ impl Engine {
     /// The background watcher's loop; returns after [`Engine::abort`].
     pub(crate) fn watch(&self) {
         let mut held: Vec<(u32, usize)> = Vec::new();
+        let mut due: Vec<(u32, usize)> = Vec::new();
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut pulse = Pulse::new(self);
         let mut previous = Instant::now();
@@ -33,6 +34,8 @@ impl Engine {
                 pulse.tick(self);
             }
             held.clear();
+            due.clear();
+            let mut wait = WATCH_PERIOD;
             {
                 let mut st = lock(&self.hub.state);
                 let now = Instant::now();
@@ -40,14 +43,29 @@ impl Engine {
                     if peer.lost.is_some() || self.peers.get(rank).is_none_or(|p| p.is_none()) {
                         continue;
                     }
+                    // A pulled message parked while it waits for its receive is taken once
+                    // its wait is over, so that its sender is never left waiting for a
+                    // receive that comes only after a send of its own.
+                    let hold_over = match peer.hold_ends() {
+                        Some(end) if now >= end => true,
+                        Some(end) => {
+                            wait = wait.min(end - now);
+                            false
+                        }
+                        None => false,
+                    };
                     for (k, slot) in peer.links.iter_mut().enumerate() {
                         if slot.holder == Holder::Free
                             && !slot.wanted
-                            && !slot.parked
+                            && (!slot.parked || (k == 0 && hold_over))
                             && now.duration_since(slot.released_at) >= WATCH_IDLE
                         {
                             slot.holder = Holder::Background;
                             held.push((rank as u32, k));
+                            // Its frame was read already; the socket may have nothing more.
+                            if slot.parked {
+                                due.push((rank as u32, k));
+                            }
                         }
                     }
                 }
@@ -60,7 +78,7 @@ impl Engine {
             }
             fds.push(pollfd(self.watch_rx.as_raw_fd(), libc::POLLIN));
             fds.push(pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN));
-            poll(&mut fds, WATCH_PERIOD);
+            poll(&mut fds, wait);
             if fds[held.len()].revents != 0 {
                 let mut sink = [0u8; 64];
                 while matches!((&self.watch_rx).read(&mut sink), Ok(n) if n > 0) {}
@@ -69,7 +87,7 @@ impl Engine {
             let readable: Vec<(u32, usize)> = held
                 .iter()
                 .zip(fds.iter())
-                .filter(|(_, fd)| fd.revents != 0)
+                .filter(|(h, fd)| fd.revents != 0 || due.contains(h))
                 .map(|(h, _)| *h)
                 .collect();
             // Links that were not readable are released without being touched.
