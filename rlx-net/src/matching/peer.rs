@@ -92,11 +92,11 @@ impl PeerState {
     }
 
     /// Whether unexpected pulled message `seq` of `total` bytes (at least [`HOLD_MIN_BYTES`])
-    /// stays in its sender's memory for now (its link parked). The sender waits until it is taken anyway, and a receive
-    /// posted meanwhile reads it straight into its buffer; landing it now would cost a buffer of
-    /// its size and a second copy. It stays for about as long as that would take, counted from
-    /// when it was first seen, and is then taken like any message, so that ranks that send to
-    /// each other before they receive still make progress.
+    /// stays in its sender's memory for now (its link parked). The sender waits until it is
+    /// taken anyway, and a receive posted meanwhile reads it straight into its buffer; landing
+    /// it now would cost a buffer of its size and a second copy. It stays for about as long as
+    /// that would take, counted from when it was first seen, and is then taken like any
+    /// message, so that ranks that send to each other before they receive still make progress.
     pub(super) fn holds_pull(&mut self, seq: u64, total: u64, now: Instant) -> bool {
         if total < HOLD_MIN_BYTES {
             return false;
