@@ -261,12 +261,14 @@ fn a_message_waits_for_a_receive_posted_late() {
     let before = w[1].traffic().expect("counted");
     let len = 256 << 20;
     let message = pattern(0, 3, len);
+    // Allocated and touched before the send: under a sanitizer, zeroing 256 MiB alone takes
+    // longer than the message's wait.
+    let mut buf = vec![1u8; len];
     std::thread::scope(|s| {
         let sender = s.spawn(|| w[0].send_bytes(1, 11, &message));
         // Well inside the wait of a message this large (100 ms), and long enough for the
         // background reader to have seen its frame.
         std::thread::sleep(Duration::from_millis(5));
-        let mut buf = vec![0u8; len];
         let got = w[1]
             .recv_message_into(0, Tag::user(11).unwrap(), &mut buf, Duration::from_secs(20))
             .unwrap();
