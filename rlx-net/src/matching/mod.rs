@@ -16,7 +16,8 @@
 //!
 //! Layout: this file holds the transitions, side by side because posting, arriving, landing,
 //! withdrawing and losing all move the same per-peer queues and budgets and must keep the same
-//! invariants; `peer.rs` holds one peer's queues, budget and reader roles; `tests.rs` the
+//! invariants; `notices.rs` the transitions of failure notices, which travel in the same order
+//! as messages; `peer.rs` holds one peer's queues, budget and reader roles; `tests.rs` the
 //! unit tests.
 
 use std::time::Instant;
@@ -26,14 +27,12 @@ use rlx_transport::{CollectiveError, Failure, Tag};
 use crate::error::Lost;
 use crate::frame::{FrameHeader, FrameKind, Striping};
 
+mod notices;
 mod peer;
 #[cfg(all(test, not(rlx_loom)))]
 mod tests;
 
 pub(crate) use peer::{Holder, PeerState};
-
-/// Accounting weight of one queued failure notice, so that a flood of them is bounded too.
-const NOTICE_WEIGHT: u64 = 64;
 
 /// Messages at least this long that a posted receive with a buffer waits for are left on the
 /// link for that receive's thread, which lands them in place, instead of being read into an
@@ -211,32 +210,6 @@ impl State {
             tag,
             body: Body::Data(bytes),
             weight,
-        });
-    }
-
-    /// A failure notice this rank sent to itself.
-    pub(crate) fn deliver_local_failure(
-        &mut self,
-        from: u32,
-        seq: u64,
-        tag: Tag,
-        failure: Failure,
-    ) {
-        let peer = self.peer(from);
-        if let Some(post) = peer
-            .posted
-            .iter_mut()
-            .find(|p| p.tag == tag && matches!(p.state, PostState::Waiting))
-        {
-            post.state = PostState::Done(Outcome::Failure(failure));
-            return;
-        }
-        peer.unexpected_bytes += NOTICE_WEIGHT;
-        peer.insert_queued(Queued {
-            seq,
-            tag,
-            body: Body::Failure(failure),
-            weight: NOTICE_WEIGHT,
         });
     }
 
@@ -632,47 +605,6 @@ impl State {
                 }
             }
         }
-        Ok(true)
-    }
-
-    /// A failure notice for `tag` (message number `seq`) arrived from `from`.
-    pub(crate) fn on_failure(
-        &mut self,
-        from: u32,
-        seq: u64,
-        tag: Tag,
-        failure: Failure,
-    ) -> Result<bool, CollectiveError> {
-        let budget = self.budget;
-        let peer = self.peer(from);
-        if seq != peer.next_seq {
-            return Err(CollectiveError::protocol(
-                Some(from),
-                format!(
-                    "failure notice numbered {seq} where {} was due",
-                    peer.next_seq
-                ),
-            ));
-        }
-        if let Some(post) = peer
-            .posted
-            .iter_mut()
-            .find(|p| p.tag == tag && matches!(p.state, PostState::Waiting))
-        {
-            post.state = PostState::Done(Outcome::Failure(failure));
-        } else {
-            if !peer.admits(NOTICE_WEIGHT, budget) {
-                return Ok(false);
-            }
-            peer.unexpected_bytes += NOTICE_WEIGHT;
-            peer.insert_queued(Queued {
-                seq,
-                tag,
-                body: Body::Failure(failure),
-                weight: NOTICE_WEIGHT,
-            });
-        }
-        peer.next_seq += 1;
         Ok(true)
     }
 
