@@ -542,10 +542,10 @@ fn hostile_frames_drop_the_offender_while_the_job_completes() {
     let (world, mut hostile) = world_with_a_hostile_rank("hostile-frames-3", |b| b);
     let mut pull = frame_header(5, 0, 1 << 20);
     pull[0] = 5;
-    let mut descriptor = [0u8; 88];
+    let mut descriptor = [0u8; 112];
     descriptor[16..24].copy_from_slice(&1u64.to_le_bytes());
-    descriptor[24..32].copy_from_slice(&0x10_0000u64.to_le_bytes());
-    descriptor[32..40].copy_from_slice(&(1u64 << 20).to_le_bytes());
+    descriptor[48..56].copy_from_slice(&0x10_0000u64.to_le_bytes());
+    descriptor[56..64].copy_from_slice(&(1u64 << 20).to_le_bytes());
     hostile[0].write_all(&pull).expect("a single-copy header");
     hostile[0].write_all(&descriptor).expect("its descriptor");
     let error = dropped_hostile(&world[0]);

@@ -2,9 +2,10 @@
 //! sender's memory land exactly, in every way a message can land (a posted buffer, an
 //! exchange, the unexpected queue, several parts), the traffic counters show that they took
 //! the path, switching it off on one rank keeps both directions on TCP, a sender that gives
-//! up on a message leaves the receiver with an error, never with bytes it cannot trust, work
-//! run during a send overlaps the peer's copy, and a message that arrives shortly before its
-//! receive waits for it instead of being copied twice.
+//! up on a message leaves the receiver with an error, never with bytes it cannot trust, the
+//! heads that pass through the sender's bounce file and the tails read past it land exactly,
+//! work run during a send overlaps the peer's copy, and a message that arrives shortly before
+//! its receive waits for it instead of being copied twice.
 
 mod common;
 
@@ -94,6 +95,19 @@ fn exact_worker() -> Result<(), String> {
         Ok("1") => large * u64::from(n - 1) + large,
         _ => 0,
     };
+    // Plain sends bounce their head up to the cap, sends in an exchange up to 4 MiB.
+    let cap: u64 = match std::env::var("RLX_BOUNCE_BYTES") {
+        Ok(v) => v.parse().map_err(|_| format!("RLX_BOUNCE_BYTES={v}"))?,
+        Err(_) => 64 << 20,
+    };
+    let expected_bounced = match expected {
+        0 => 0,
+        _ => SIZES
+            .iter()
+            .filter(|&&l| l >= THRESHOLD)
+            .map(|&l| (l as u64).min(cap) * u64::from(n - 1) + (l as u64).min(cap.min(4 << 20)))
+            .sum(),
+    };
     let traffic = t.traffic().ok_or("the TCP transport counts its traffic")?;
     let peers: Vec<bool> = (0..n)
         .filter(|&p| p != rank)
@@ -103,10 +117,11 @@ fn exact_worker() -> Result<(), String> {
         "rank {rank}: single-copy {} of {} bytes received, from peers {peers:?}",
         traffic.single_copy_bytes, traffic.received_bytes
     );
-    if traffic.single_copy_bytes != expected {
+    if traffic.single_copy_bytes != expected || traffic.bounced_bytes != expected_bounced {
         return Err(format!(
-            "rank {rank}: {} bytes came by single copy, expected {expected}",
-            traffic.single_copy_bytes
+            "rank {rank}: {} bytes came by single copy, {} of them bounced; expected \
+             {expected} and {expected_bounced}",
+            traffic.single_copy_bytes, traffic.bounced_bytes
         ));
     }
     t.barrier().map_err(|err| e("barrier", err))
@@ -119,14 +134,18 @@ fn worker(role: &str) -> Result<(), String> {
     }
 }
 
-/// Runs `n` exact workers on this host; `off` ranks set `RLX_SINGLE_COPY=0`.
-fn processes(n: u32, off: &[u32], expect: bool) {
+/// Runs `n` exact workers on this host; `off` ranks set `RLX_SINGLE_COPY=0`, and every rank
+/// bounces at most `bounce` bytes of a message when it is given.
+fn processes(n: u32, off: &[u32], expect: bool, bounce: Option<u64>) {
     let port = free_port();
     let children = (0..n)
         .map(|rank| {
             let mut env = rlx_env(rank, n, "127.0.0.1", port);
             if off.contains(&rank) {
                 env.push(("RLX_SINGLE_COPY".into(), "0".into()));
+            }
+            if let Some(bytes) = bounce {
+                env.push(("RLX_BOUNCE_BYTES".into(), bytes.to_string()));
             }
             let expected = if expect { "1" } else { "0" };
             env.push(("EXPECT_SINGLE_COPY".into(), expected.into()));
@@ -138,16 +157,25 @@ fn processes(n: u32, off: &[u32], expect: bool) {
 }
 
 fn two_processes_read_each_other() {
-    processes(2, &[], true);
+    processes(2, &[], true, None);
 }
 
 fn three_processes_read_each_other() {
-    processes(3, &[], true);
+    processes(3, &[], true, None);
 }
 
 /// One rank saying no keeps both directions of its pairs on TCP, and results stay exact.
 fn one_rank_switched_off_keeps_tcp() {
-    processes(2, &[1], false);
+    processes(2, &[1], false, None);
+}
+
+/// A bounce file smaller than the messages carries their heads, and the receiver reads the
+/// tails from the sender's memory; with bouncing off, everything is read that way. Either way
+/// every byte lands exactly where it belongs.
+fn heads_bounce_and_tails_are_read() {
+    processes(2, &[], true, Some(1 << 20));
+    processes(3, &[], true, Some((256 << 10) + 1));
+    processes(2, &[], true, Some(0));
 }
 
 /// A sender whose receiver never takes the message (it is over the receiver's budget, and
@@ -299,6 +327,10 @@ fn main() {
             (
                 "one_rank_switched_off_keeps_tcp",
                 one_rank_switched_off_keeps_tcp,
+            ),
+            (
+                "heads_bounce_and_tails_are_read",
+                heads_bounce_and_tails_are_read,
             ),
             (
                 "a_sender_that_gives_up_is_not_trusted",

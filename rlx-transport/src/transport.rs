@@ -30,6 +30,9 @@ pub struct Traffic {
     /// Of `received_bytes`, those read straight from the sender's memory by a transport's
     /// single-copy path between processes of one host, instead of through a socket.
     pub single_copy_bytes: u64,
+    /// Of `single_copy_bytes`, those copied out of a shared-memory bounce buffer the sender
+    /// copied them into (rather than read from the sender's own memory).
+    pub bounced_bytes: u64,
 }
 
 impl Traffic {
@@ -40,12 +43,19 @@ impl Traffic {
             received_bytes,
             copied_bytes,
             single_copy_bytes: 0,
+            bounced_bytes: 0,
         }
     }
 
     /// These counters with `bytes` of the received ones read by a single-copy path.
     pub const fn with_single_copy(mut self, bytes: u64) -> Self {
         self.single_copy_bytes = bytes;
+        self
+    }
+
+    /// These counters with `bytes` of the single-copy ones copied out of a bounce buffer.
+    pub const fn with_bounced(mut self, bytes: u64) -> Self {
+        self.bounced_bytes = bytes;
         self
     }
 }

@@ -21,15 +21,27 @@ pub(super) fn own_pid() -> u32 {
 
 /// Copies `remote` (address and length ranges in process `pid`, read in order) into `local`,
 /// whose length must equal their total; fails on the first call that moves nothing.
-#[cfg(target_os = "linux")]
 pub(super) fn read_from(pid: u32, remote: &[(u64, u64)], local: &mut [u8]) -> io::Result<()> {
+    read_at(pid, remote, 0, local)
+}
+
+/// Copies `local.len()` bytes of `remote` (address and length ranges in process `pid`, read
+/// in order), starting `offset` bytes into their concatenation, into `local`; fails on the
+/// first call that moves nothing.
+#[cfg(target_os = "linux")]
+pub(super) fn read_at(
+    pid: u32,
+    remote: &[(u64, u64)],
+    offset: u64,
+    local: &mut [u8],
+) -> io::Result<()> {
     let mut done = 0usize;
     while done < local.len() {
         let mut iovs: [libc::iovec; 8] = [libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
         }; 8];
-        let count = remaining_ranges(remote, done as u64, &mut iovs);
+        let count = remaining_ranges(remote, offset + done as u64, &mut iovs);
         let target = libc::iovec {
             iov_base: local[done..].as_mut_ptr().cast(),
             iov_len: local.len() - done,
@@ -115,7 +127,12 @@ fn remaining_ranges(ranges: &[(u64, u64)], mut skip: u64, out: &mut [libc::iovec
 }
 
 #[cfg(not(target_os = "linux"))]
-pub(super) fn read_from(_pid: u32, _remote: &[(u64, u64)], _local: &mut [u8]) -> io::Result<()> {
+pub(super) fn read_at(
+    _pid: u32,
+    _remote: &[(u64, u64)],
+    _offset: u64,
+    _local: &mut [u8],
+) -> io::Result<()> {
     Err(io::Error::from(io::ErrorKind::Unsupported))
 }
 
@@ -139,6 +156,14 @@ mod tests {
         let mut out = vec![0u8; 256];
         read_from(own_pid(), &ranges, &mut out).unwrap();
         assert!(out.iter().enumerate().all(|(i, &v)| v as usize == i));
+        let mut middle = [0u8; 20];
+        read_at(own_pid(), &ranges, 90, &mut middle).unwrap();
+        assert!(
+            middle
+                .iter()
+                .enumerate()
+                .all(|(i, &v)| v as usize == 90 + i)
+        );
     }
 
     #[test]

@@ -47,7 +47,7 @@ pub(crate) const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// A peer not heard from for this many heartbeat intervals is lost. Five leaves room for a
 /// beat delayed by a loaded machine (the watcher thread waiting for a core) several times over.
-const SILENT_BEATS: u32 = 5;
+pub(super) const SILENT_BEATS: u32 = 5;
 
 /// Rounds of the monitor per heartbeat interval: silence is measured to a quarter interval.
 const ROUNDS_PER_BEAT: u32 = 4;

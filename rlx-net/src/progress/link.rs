@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::frame::FrameHeader;
 use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering, lock};
 
+use super::bounce::Bounce;
 use super::socket::read_some;
 
 /// Size of each link's staging buffer: small frames arrive many to a `read`.
@@ -28,6 +29,9 @@ pub(crate) struct EngineConfig {
     /// The smallest message sent to a rank of this host by the single-copy path
     /// (`single_copy.rs`); `u64::MAX` turns the path off.
     pub(crate) min_single_copy: u64,
+    /// The largest head of a pulled message bounced through shared memory (`bounce.rs`); 0
+    /// bounces nothing.
+    pub(crate) max_bounced: u64,
 }
 
 /// A raw destination address that crosses threads with the link state that uses it.
@@ -141,6 +145,8 @@ impl Link {
 #[derive(Debug)]
 pub(super) struct TxState {
     pub(super) next_seq: u64,
+    /// The bounce file of messages to this peer (`bounce.rs`), made at the first one.
+    pub(super) bounce: Option<Bounce>,
 }
 
 /// Everything this rank holds for one peer.
@@ -157,7 +163,10 @@ impl PeerIo {
         Self {
             links: streams.into_iter().map(Link::new).collect(),
             addr,
-            tx: Mutex::new(TxState { next_seq: 0 }),
+            tx: Mutex::new(TxState {
+                next_seq: 0,
+                bounce: None,
+            }),
         }
     }
 

@@ -32,6 +32,7 @@
 //! the heartbeats and the silence rule; `link.rs` the per-peer sockets and link state; `socket.rs`
 //! the OS calls (`poll(2)`, vectored sends, wake-up sockets).
 
+mod bounce;
 mod catch_up;
 mod cross_memory;
 mod exchange;
@@ -41,6 +42,7 @@ mod link;
 mod recv;
 mod send;
 mod service;
+mod shared_memory;
 mod single_copy;
 mod socket;
 mod traffic;
@@ -65,6 +67,7 @@ use self::traffic::TrafficCounters;
 
 pub(crate) use hub::Hub;
 // The loom models drive the receive loop through a fake of the sockets.
+pub(crate) use bounce::DEFAULT_MAX_BOUNCED;
 #[cfg(rlx_loom)]
 pub(crate) use hub::{DriveEnd, Links};
 pub(crate) use link::{EngineConfig, PeerIo};

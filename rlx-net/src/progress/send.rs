@@ -15,6 +15,7 @@ use crate::matching::Holder;
 use crate::sync::{Mutex, MutexGuard, TryLockError, lock};
 
 use super::Engine;
+use super::bounce::Bounced;
 use super::exchange::Companion;
 use super::hub::take_free_links;
 use super::link::PeerIo;
@@ -180,7 +181,11 @@ impl Engine {
         // A large message to a rank of this host goes as a descriptor the peer reads it by
         // (`single_copy.rs`); the frame's lengths stay the message's.
         let pull = kind == FrameKind::Data && self.pulls_to(to, total, parts.len());
-        let descriptor = pull.then(|| self.offer(to, seq, parts));
+        let bounced = match pull {
+            true => self.prepare_bounce(to, &mut tx.bounce, seq, total, companion.is_some()),
+            false => Bounced::default(),
+        };
+        let descriptor = pull.then(|| self.offer(to, seq, parts, bounced));
         let descriptor_parts: [&[u8]; 1] = [descriptor.as_ref().map_or(&[][..], |d| &d[..])];
         let wire: &[&[u8]] = if pull { &descriptor_parts } else { parts };
         let stripes = match kind {
@@ -232,7 +237,9 @@ impl Engine {
                     }
                 }
             }
-            if done {
+            // Nothing may wait between a pulled frame's last byte and its bounced head: a peer
+            // that read the frame may already wait for that head (`bounce.rs`).
+            if done || (0..count).all(|i| sent[i] == HEADER_LEN as u64 + stripes.range(i).1) {
                 break;
             }
             // The exchange's receive moves on between writes, so both directions of the
@@ -290,6 +297,11 @@ impl Engine {
         // An offer is the link's business, not a message: it has no place in the order.
         if kind != FrameKind::Offer {
             tx.next_seq += 1;
+        }
+        // The bounced head goes in at once, before the caller's work: the peer copies it out
+        // right behind.
+        if bounced.len > 0 {
+            self.bounce_in(&tx.bounce, seq, parts, bounced);
         }
         // The caller's work runs while the peer copies the message. Its error waits until the
         // send is over, so that a peer that is reading is not left with half a message.

@@ -48,6 +48,7 @@
 //! [`FrameKind::Pull`]: crate::frame::FrameKind::Pull
 //! [`FrameKind::Offer`]: crate::frame::FrameKind::Offer
 
+use crate::sync::{Mutex, MutexGuard, lock};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -58,6 +59,7 @@ use crate::error::{Lost, protocol_lost};
 use crate::frame::{FrameHeader, FrameKind, OFFER_LEN};
 
 use super::Engine;
+use super::bounce::{BounceView, Bounced};
 use super::cross_memory;
 use super::exchange::Companion;
 use super::link::{Land, PeerIo};
@@ -69,7 +71,7 @@ use super::socket::{poll, pollfd};
 pub(crate) const MAX_PARTS: usize = 4;
 
 /// Encoded size of a [`Descriptor`].
-pub(crate) const DESCRIPTOR_LEN: usize = 24 + 16 * MAX_PARTS;
+pub(crate) const DESCRIPTOR_LEN: usize = 48 + 16 * MAX_PARTS;
 
 /// Default of [`EngineConfig::min_single_copy`](super::EngineConfig::min_single_copy): below
 /// this the loopback stream is as fast, and the round trip of the `taken` word costs more than
@@ -104,18 +106,24 @@ pub(crate) struct Descriptor {
     pub(crate) parts: [(u64, u64); MAX_PARTS],
     /// How many entries of `parts` are used.
     pub(crate) count: usize,
+    /// The message's head, bounced through the sender's shared-memory file (`bounce.rs`).
+    pub(crate) bounced: Bounced,
 }
 
 impl Descriptor {
-    /// The descriptor's bytes: `offered`, `taken`, the part count, then `MAX_PARTS` pairs of
-    /// address and length (unused ones zero), all little-endian `u64`s.
+    /// The descriptor's bytes: `offered`, `taken`, the part count, the bounce file's
+    /// descriptor number, id and bounced length, then `MAX_PARTS` pairs of address and length
+    /// (unused ones zero), all little-endian `u64`s.
     pub(crate) fn encode(&self) -> [u8; DESCRIPTOR_LEN] {
         let mut out = [0u8; DESCRIPTOR_LEN];
         out[0..8].copy_from_slice(&self.offered.to_le_bytes());
         out[8..16].copy_from_slice(&self.taken.to_le_bytes());
         out[16..24].copy_from_slice(&(self.count as u64).to_le_bytes());
+        out[24..32].copy_from_slice(&self.bounced.fd.to_le_bytes());
+        out[32..40].copy_from_slice(&self.bounced.id.to_le_bytes());
+        out[40..48].copy_from_slice(&self.bounced.len.to_le_bytes());
         for (i, (addr, len)) in self.parts.iter().enumerate() {
-            let at = 24 + 16 * i;
+            let at = PARTS_AT + 16 * i;
             out[at..at + 8].copy_from_slice(&addr.to_le_bytes());
             out[at + 8..at + 16].copy_from_slice(&len.to_le_bytes());
         }
@@ -123,7 +131,8 @@ impl Descriptor {
     }
 
     /// Decodes and checks a descriptor from `peer` for a message of `total` bytes: the parts
-    /// must add up to exactly `total`, and unused entries must be zero.
+    /// must add up to exactly `total`, unused entries must be zero, and the bounced head must
+    /// lie inside the message (with no file named when nothing is bounced).
     pub(crate) fn decode(
         peer: u32,
         bytes: &[u8; DESCRIPTOR_LEN],
@@ -144,7 +153,7 @@ impl Descriptor {
         let mut parts = [(0u64, 0u64); MAX_PARTS];
         let mut sum = 0u64;
         for (i, part) in parts.iter_mut().enumerate() {
-            *part = (word(24 + 16 * i), word(32 + 16 * i));
+            *part = (word(PARTS_AT + 16 * i), word(PARTS_AT + 8 + 16 * i));
             if i as u64 >= count && *part != (0, 0) {
                 return Err(bad(
                     "single-copy descriptor with stray part bytes".to_owned()
@@ -159,22 +168,40 @@ impl Descriptor {
                 "single-copy descriptor covers {sum} bytes of a message of {total}"
             )));
         }
+        let bounced = Bounced {
+            fd: word(24),
+            id: word(32),
+            len: word(40),
+        };
+        if bounced.len > total || (bounced.len == 0 && bounced != Bounced::default()) {
+            return Err(bad(format!(
+                "single-copy descriptor bounces {} bytes of a message of {total} (file {}, id {:#x})",
+                bounced.len, bounced.fd, bounced.id
+            )));
+        }
         Ok(Self {
             offered: word(0),
             taken: word(8),
             parts,
             count: count as usize,
+            bounced,
         })
     }
 }
+
+/// Where the parts of a [`Descriptor`] start in its bytes.
+const PARTS_AT: usize = 48;
 
 /// What this rank knows and publishes for one peer.
 #[derive(Debug, Default)]
 struct PeerCopy {
     /// The peer's process id once this rank read its nonce there (0: never).
     pull_from: AtomicU32,
-    /// The peer read this rank's nonce and wrote 1 here: large messages to it go by pull.
+    /// The peer read this rank's nonce and wrote 1 here: large messages to it go by pull. It
+    /// writes [`ACCEPTED_NO_BOUNCE`](super::bounce::ACCEPTED_NO_BOUNCE) instead when it cannot map this rank's bounce file.
     accepted: AtomicU64,
+    /// The address of the peer's `accepted` word, from its offer (0: none taken).
+    accepted_at: AtomicU64,
     /// The ticket of the message this rank offers the peer now (0: none).
     offered: AtomicU64,
     /// The ticket of the last message the peer has taken.
@@ -197,6 +224,9 @@ pub(crate) struct SingleCopy {
     /// Indexed by rank: the rank runs on this host (see `peer_on_this_host`), as its first
     /// link said when the transport was built.
     here: Box<[bool]>,
+    /// Indexed by rank: this rank's mapping of the peer's bounce file, used by whoever reads
+    /// the peer's pulled messages.
+    views: Box<[Mutex<Option<BounceView>>]>,
 }
 
 impl SingleCopy {
@@ -211,6 +241,7 @@ impl SingleCopy {
         Self {
             peers: Box::leak(peers),
             nonce: Box::leak(nonce),
+            views: here.iter().map(|_| Mutex::new(None)).collect(),
             here,
         }
     }
@@ -223,6 +254,23 @@ impl SingleCopy {
     fn peer(&self, rank: u32) -> Option<&PeerCopy> {
         self.peers.get(rank as usize)
     }
+
+    /// This rank's mapping of `rank`'s bounce file, locked.
+    pub(super) fn view(&self, rank: u32) -> Option<MutexGuard<'_, Option<BounceView>>> {
+        self.views.get(rank as usize).map(|v| lock(v))
+    }
+
+    /// What `rank` wrote into this rank's `accepted` word (0: nothing).
+    pub(super) fn accepted(&self, rank: u32) -> u64 {
+        self.peer(rank)
+            .map_or(0, |p| p.accepted.load(Ordering::Relaxed))
+    }
+
+    /// The address of `rank`'s `accepted` word, once its offer was taken.
+    pub(super) fn accepted_at(&self, rank: u32) -> Option<u64> {
+        let at = self.peer(rank)?.accepted_at.load(Ordering::Relaxed);
+        (at != 0).then_some(at)
+    }
 }
 
 impl Engine {
@@ -233,16 +281,24 @@ impl Engine {
             && self
                 .single_copy
                 .peer(to)
-                .is_some_and(|p| p.accepted.load(Ordering::Relaxed) == 1)
+                .is_some_and(|p| p.accepted.load(Ordering::Relaxed) & 1 == 1)
     }
 
-    /// Publishes message `seq` to `to` as offered and returns its descriptor.
-    pub(super) fn offer(&self, to: u32, seq: u64, parts: &[&[u8]]) -> [u8; DESCRIPTOR_LEN] {
+    /// Publishes message `seq` to `to` as offered, with its head `bounced`, and returns its
+    /// descriptor.
+    pub(super) fn offer(
+        &self,
+        to: u32,
+        seq: u64,
+        parts: &[&[u8]],
+        bounced: Bounced,
+    ) -> [u8; DESCRIPTOR_LEN] {
         let mut desc = Descriptor {
             offered: 0,
             taken: 0,
             parts: [(0, 0); MAX_PARTS],
             count: parts.len().min(MAX_PARTS),
+            bounced,
         };
         for (slot, part) in desc.parts.iter_mut().zip(parts) {
             *slot = (part.as_ptr() as usize as u64, part.len() as u64);
@@ -371,13 +427,12 @@ impl Engine {
         own: Option<&mut Own<'_>>,
     ) -> Result<(), Lost> {
         let total = header.total;
-        let ranges = &desc.parts[..desc.count];
-        let copied = match land {
+        match land {
             Land::Caller => match own
                 .and_then(|o| o.buf.as_deref_mut())
                 .and_then(|buf| buf.get_mut(..usize::try_from(total).ok()?))
             {
-                Some(buf) => cross_memory::read_from(pid, ranges, buf),
+                Some(buf) => self.read_pulled(from, pid, header, desc, buf)?,
                 None => {
                     return Err(Lost::Protocol(format!(
                         "frame from rank {from} addressed a receive buffer that is not present"
@@ -388,33 +443,52 @@ impl Engine {
                 // SAFETY: see `RawDest`: the owned buffer of this arriving message is `total`
                 // bytes long, and this link alone writes it (a pulled message is one stripe).
                 let slice = unsafe { std::slice::from_raw_parts_mut(dest.0, total as usize) };
-                cross_memory::read_from(pid, ranges, slice)
+                self.read_pulled(from, pid, header, desc, slice)?;
             }
-            Land::Discard => Ok(()),
-        };
-        let addr = self.peers.get(from as usize).and_then(|p| p.as_ref());
-        let addr = addr.map_or("an unknown address", |p| p.addr.as_str());
-        let failed = |what: &str, e: std::io::Error| {
-            Lost::Gone(format!(
-                "{what} of process {pid} (rank {from} at {addr}) failed: {e}"
-            ))
-        };
-        copied.map_err(|e| failed(&format!("the single-copy read of {total} bytes"), e))?;
-        let mut offered = [0u8; 8];
-        cross_memory::read_from(pid, &[(desc.offered, 8)], &mut offered)
-            .map_err(|e| failed("reading the offer word", e))?;
-        let ticket = header.seq + 1;
-        if u64::from_ne_bytes(offered) != ticket {
-            return Err(Lost::Gone(format!(
-                "rank {from} at {addr} withdrew message {} while it was being read (its send gave up)",
-                header.seq
-            )));
+            Land::Discard => {}
         }
+        self.check_still_offered(from, pid, header, desc)?;
+        let ticket = header.seq + 1;
         cross_memory::write_word(pid, desc.taken, ticket)
-            .map_err(|e| failed("writing the taken word", e))?;
+            .map_err(|e| self.pull_failed(from, pid, "writing the taken word", e))?;
         self.traffic
             .received_single_copy(total, matches!(land, Land::Owned(_)));
         Ok(())
+    }
+
+    /// Checks that rank `from` (process `pid`) still offers message `header.seq`: a sender
+    /// that gave up may have reused its buffer, so what was read from it is not trusted.
+    pub(super) fn check_still_offered(
+        &self,
+        from: u32,
+        pid: u32,
+        header: &FrameHeader,
+        desc: &Descriptor,
+    ) -> Result<(), Lost> {
+        let mut offered = [0u8; 8];
+        cross_memory::read_from(pid, &[(desc.offered, 8)], &mut offered)
+            .map_err(|e| self.pull_failed(from, pid, "reading the offer word", e))?;
+        if u64::from_ne_bytes(offered) != header.seq + 1 {
+            return Err(Lost::Gone(format!(
+                "rank {from} at {} withdrew message {} while it was being read (its send gave up)",
+                self.peer_label(from),
+                header.seq
+            )));
+        }
+        Ok(())
+    }
+
+    /// The loss of rank `from` (process `pid`) after `what` failed with `e`.
+    pub(super) fn pull_failed(&self, from: u32, pid: u32, what: &str, e: std::io::Error) -> Lost {
+        Lost::Gone(format!(
+            "{what} of process {pid} (rank {from} at {}) failed: {e}",
+            self.peer_label(from)
+        ))
+    }
+
+    fn peer_label(&self, rank: u32) -> &str {
+        let addr = self.peers.get(rank as usize).and_then(|p| p.as_ref());
+        addr.map_or("an unknown address", |p| p.addr.as_str())
     }
 
     /// Offers every peer on this host to read this process (see the module docs): one
@@ -470,6 +544,7 @@ impl Engine {
             u64::from_le_bytes(w)
         };
         let pid = u32::try_from(word(0)).unwrap_or(0);
+        words.accepted_at.store(word(16), Ordering::Relaxed);
         let mut seen = [0u8; 16];
         let proven = pid != 0
             && cross_memory::read_from(pid, &[(word(8), 16)], &mut seen).is_ok()
@@ -546,6 +621,11 @@ mod tests {
             taken: 0x1008,
             parts: [(0x7000, 100), (0x9000, 28), (0, 0), (0, 0)],
             count: 2,
+            bounced: Bounced {
+                fd: 9,
+                id: 0x55,
+                len: 100,
+            },
         };
         assert_eq!(Descriptor::decode(3, &d.encode(), 128).unwrap(), d);
         let refused =
@@ -564,8 +644,14 @@ mod tests {
         many[16..24].copy_from_slice(&5u64.to_le_bytes());
         refused(many, 128);
         let mut stray = d.encode();
-        stray[24 + 16 * 3] = 1;
+        stray[PARTS_AT + 16 * 3] = 1;
         refused(stray, 128);
+        let mut past = d;
+        past.bounced.len = 129;
+        assert!(refused(past.encode(), 128).contains("bounces 129 bytes"));
+        let mut nameless = d;
+        nameless.bounced.len = 0;
+        refused(nameless.encode(), 128);
         let huge = Descriptor {
             parts: [(1, u64::MAX), (2, u64::MAX), (0, 0), (0, 0)],
             ..d

@@ -13,6 +13,7 @@ pub(crate) struct TrafficCounters {
     received: AtomicU64,
     copied: AtomicU64,
     single_copy: AtomicU64,
+    bounced: AtomicU64,
 }
 
 impl TrafficCounters {
@@ -36,6 +37,11 @@ impl TrafficCounters {
         self.single_copy.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// Counts `bytes` of a single-copy message copied out of the sender's bounce file.
+    pub(crate) fn bounced(&self, bytes: u64) {
+        self.bounced.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// The counters now.
     pub(crate) fn snapshot(&self) -> Traffic {
         Traffic::new(
@@ -44,5 +50,6 @@ impl TrafficCounters {
             self.copied.load(Ordering::Relaxed),
         )
         .with_single_copy(self.single_copy.load(Ordering::Relaxed))
+        .with_bounced(self.bounced.load(Ordering::Relaxed))
     }
 }
