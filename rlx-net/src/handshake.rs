@@ -25,7 +25,9 @@ pub(crate) const MAGIC: [u8; 8] = *b"RLXTCP\r\n";
 /// registration carries flags and a nonce, the store proves and checks the job secret, and
 /// links carry heartbeat frames (kind 4), which version 2 refuses as unknown. 4: ranks of one
 /// host offer to be read by each other (frame kind 6) and may send single-copy frames (kind 5).
-pub(crate) const PROTOCOL_VERSION: u32 = 4;
+/// 5: a single-copy frame's descriptor names a bounce file and the bounced length (112 bytes
+/// instead of 88).
+pub(crate) const PROTOCOL_VERSION: u32 = 5;
 /// Encoded size of a [`Hello`].
 pub(crate) const HELLO_LEN: usize = 72;
 /// Encoded size of a [`Reply`] without its reason text.

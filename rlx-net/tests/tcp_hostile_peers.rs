@@ -163,7 +163,11 @@ fn malformed_hellos_are_refused_while_the_job_completes() {
     refused(&hello("another-job", 3, 2), "job id differs");
     let mut old = hello(JOB, 3, 2);
     old[8..12].copy_from_slice(&(PROTOCOL_VERSION - 1).to_le_bytes());
-    refused(&old, "protocol version 3 is not 4");
+    let old_version = format!(
+        "protocol version {} is not {PROTOCOL_VERSION}",
+        PROTOCOL_VERSION - 1
+    );
+    refused(&old, &old_version);
     refused(&hello(JOB, 3, 3), "rank 3 may not connect to rank 0");
     refused(&hello(JOB, 3, 0), "rank 0 may not connect to rank 0");
     refused(&hello(JOB, 3, u32::MAX), "rank 4294967295 may not connect");
@@ -229,7 +233,11 @@ fn malformed_registrations_are_refused_while_the_job_completes() {
     );
     let mut old = registration(JOB, 3, 2, false, fake);
     old[8..12].copy_from_slice(&(PROTOCOL_VERSION - 1).to_le_bytes());
-    refused(&old, "protocol version 3 is not 4");
+    let old_version = format!(
+        "protocol version {} is not {PROTOCOL_VERSION}",
+        PROTOCOL_VERSION - 1
+    );
+    refused(&old, &old_version);
     refused(
         &registration(JOB, 3, 3, false, fake),
         "rank 3 cannot register",

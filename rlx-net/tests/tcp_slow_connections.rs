@@ -205,7 +205,7 @@ fn a_slow_connection_is_closed_at_its_deadline() {
     // complete.
     let bound = HELLO_TIMEOUT * 10;
     let mut plausible = b"RLXSTOR\n".to_vec();
-    plausible.extend_from_slice(&4u32.to_le_bytes());
+    plausible.extend_from_slice(&common::PROTOCOL_VERSION.to_le_bytes());
     plausible.extend_from_slice(&[0; 16]);
     let mut sent = 0;
     let closed = loop {
@@ -244,7 +244,7 @@ fn a_slow_connection_is_closed_at_its_deadline() {
 fn hello_with_secret(job_id: &str, world: u32, rank: u32) -> Vec<u8> {
     use sha2::Digest;
     let mut out = b"RLXTCP\r\n".to_vec();
-    out.extend_from_slice(&4u32.to_le_bytes());
+    out.extend_from_slice(&common::PROTOCOL_VERSION.to_le_bytes());
     out.extend_from_slice(&1u32.to_le_bytes());
     out.extend_from_slice(&sha2::Sha256::digest(job_id.as_bytes())[..16]);
     for field in [world, rank, 0, 1] {

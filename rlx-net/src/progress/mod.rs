@@ -27,7 +27,8 @@
 //! `recv.rs` the engine's socket side of that loop; `catch_up.rs` the reading of every link after
 //! this process was stopped; `service.rs` the link service that lands frames; `send.rs` the send
 //! path; `single_copy.rs` large messages between ranks of one host read straight from the sender's
-//! memory, over the OS calls of `cross_memory.rs`; `exchange.rs` a send and a receive run together
+//! memory, over the OS calls of `cross_memory.rs`; `bounce.rs` their heads copied through a
+//! shared-memory file instead, over the OS calls of `shared_memory.rs`; `exchange.rs` a send and a receive run together
 //! by one thread; `traffic.rs` the byte counters; `watch.rs` the background watcher; `heartbeat.rs`
 //! the heartbeats and the silence rule; `link.rs` the per-peer sockets and link state; `socket.rs`
 //! the OS calls (`poll(2)`, vectored sends, wake-up sockets).

@@ -41,6 +41,10 @@
 //! (another user, Yama's `ptrace_scope`, a seccomp profile) or a peer that does not take the
 //! offer leaves the path off, and messages go over TCP as before.
 //!
+//! The head of a pulled message may instead pass through a shared-memory file of the sender's,
+//! copied in and out with plain memory copies (`bounce.rs`); the tickets, `offered` and `taken`
+//! work the same way for it.
+//!
 //! The peers' words are `std` atomics even under loom: the peer process writes and reads them
 //! through the kernel, which no model can follow.
 //!
