@@ -78,6 +78,12 @@ pub(crate) const ACCEPTED_NO_BOUNCE: u64 = 3;
 /// offers the message.
 const LIVENESS_EVERY: Duration = Duration::from_millis(1);
 
+/// How long the receiver yields between looks at `filled` before it sleeps between them.
+const YIELD_WITHOUT_PROGRESS: Duration = Duration::from_millis(1);
+
+/// The receiver's sleep between looks at `filled` once the sender has been slow that long.
+const NAP_WITHOUT_PROGRESS: Duration = Duration::from_micros(200);
+
 /// Bits of the `filled` word that count bytes; the ticket's low bits sit above them, so that a
 /// word left from an earlier message never counts for this one.
 const BYTES_BITS: u32 = 40;
@@ -365,7 +371,14 @@ impl Engine {
                     )));
                 }
             }
-            std::thread::yield_now();
+            // The sender's next chunk is microseconds away while it copies; when nothing came
+            // for a while it is descheduled or stopped, and this thread sleeps in short naps
+            // rather than take a core from it.
+            if Instant::now().duration_since(progressed) < YIELD_WITHOUT_PROGRESS {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(NAP_WITHOUT_PROGRESS);
+            }
         }
         Ok(())
     }
