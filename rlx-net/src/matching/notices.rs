@@ -4,7 +4,7 @@
 
 use rlx_transport::{CollectiveError, Failure, Tag};
 
-use super::{Body, Outcome, PostState, Queued, State};
+use super::{Body, Outcome, PeerState, PostState, Queued, State};
 
 /// Accounting weight of one queued failure notice, so that a flood of them is bounded too.
 const NOTICE_WEIGHT: u64 = 64;
@@ -27,13 +27,7 @@ impl State {
             post.state = PostState::Done(Outcome::Failure(failure));
             return;
         }
-        peer.unexpected_bytes += NOTICE_WEIGHT;
-        peer.insert_queued(Queued {
-            seq,
-            tag,
-            body: Body::Failure(failure),
-            weight: NOTICE_WEIGHT,
-        });
+        queue_notice(peer, seq, tag, failure);
     }
 
     /// A failure notice for `tag` (message number `seq`) arrived from `from`.
@@ -65,15 +59,20 @@ impl State {
             if !peer.admits(NOTICE_WEIGHT, budget) {
                 return Ok(false);
             }
-            peer.unexpected_bytes += NOTICE_WEIGHT;
-            peer.insert_queued(Queued {
-                seq,
-                tag,
-                body: Body::Failure(failure),
-                weight: NOTICE_WEIGHT,
-            });
+            queue_notice(peer, seq, tag, failure);
         }
         peer.next_seq += 1;
         Ok(true)
     }
+}
+
+/// Queues a notice no receive waits for yet, at its weight against the budget.
+fn queue_notice(peer: &mut PeerState, seq: u64, tag: Tag, failure: Failure) {
+    peer.unexpected_bytes += NOTICE_WEIGHT;
+    peer.insert_queued(Queued {
+        seq,
+        tag,
+        body: Body::Failure(failure),
+        weight: NOTICE_WEIGHT,
+    });
 }
