@@ -14,8 +14,8 @@ use crate::bootstrap::{
 };
 use crate::handshake::job_digest;
 use crate::progress::{
-    DEFAULT_HEARTBEAT, DEFAULT_MAX_BOUNCED, DEFAULT_MIN_SINGLE_COPY, DEFAULT_SPIN, Engine,
-    EngineConfig, PeerIo,
+    DEFAULT_HEARTBEAT, DEFAULT_LANE_BYTES, DEFAULT_MAX_BOUNCED, DEFAULT_MIN_SINGLE_COPY,
+    DEFAULT_SPIN, Engine, EngineConfig, PeerIo,
 };
 use crate::sync::{Arc, thread};
 use crate::transport::TcpTransport;
@@ -48,6 +48,7 @@ pub struct TcpTransportBuilder {
     heartbeat: Duration,
     min_single_copy: u64,
     max_bounced: u64,
+    lane_bytes: u64,
     socket_setup: Option<SocketSetup>,
 }
 
@@ -87,6 +88,7 @@ impl Default for TcpTransportBuilder {
             heartbeat: DEFAULT_HEARTBEAT,
             min_single_copy: DEFAULT_MIN_SINGLE_COPY,
             max_bounced: DEFAULT_MAX_BOUNCED,
+            lane_bytes: DEFAULT_LANE_BYTES,
             socket_setup: None,
         }
     }
@@ -257,6 +259,19 @@ impl TcpTransportBuilder {
         self
     }
 
+    /// The ring size of the shared-memory lane to each rank of this host (default 1 MiB;
+    /// `RLX_LANE_BYTES` with [`TcpTransport::from_env`]; 0 keeps every link on TCP).
+    ///
+    /// Where the single-copy path is on, the first link to a rank of this host carries its
+    /// frames through a ring in a shared-memory file once both ranks mapped it, instead of
+    /// the loopback TCP connection: a small message then costs two memory copies instead of
+    /// two system calls and the kernel's TCP work. The connection stays open, for wake-ups,
+    /// heartbeats and noticing the peer's end. Each rank keeps one ring per such peer.
+    pub fn lane_bytes(mut self, bytes: u64) -> Self {
+        self.lane_bytes = bytes;
+        self
+    }
+
     /// The smallest message the single-copy path carries (default 256 KiB;
     /// `RLX_SINGLE_COPY_MIN_BYTES` with [`TcpTransport::from_env`]); smaller ones go over TCP,
     /// which is as fast for them. Turns the path on.
@@ -268,8 +283,9 @@ impl TcpTransportBuilder {
     /// Applies the engine's tuning variables of the environment: `RLX_SPIN_US` (see
     /// [`spin`](Self::spin)), `RLX_HEARTBEAT_MS` (see [`heartbeat`](Self::heartbeat)),
     /// `RLX_SINGLE_COPY` (`0` or `1`, see [`single_copy`](Self::single_copy)),
-    /// `RLX_SINGLE_COPY_MIN_BYTES` (see [`single_copy_min_bytes`](Self::single_copy_min_bytes))
-    /// and `RLX_BOUNCE_BYTES` (see [`bounce_bytes`](Self::bounce_bytes)).
+    /// `RLX_SINGLE_COPY_MIN_BYTES` (see [`single_copy_min_bytes`](Self::single_copy_min_bytes)),
+    /// `RLX_BOUNCE_BYTES` (see [`bounce_bytes`](Self::bounce_bytes)) and `RLX_LANE_BYTES` (see
+    /// [`lane_bytes`](Self::lane_bytes)).
     /// Fails with `Config` when one is set but is not a number.
     pub fn tuning_env(mut self) -> Result<Self> {
         let number = |name: &str| -> Result<Option<u64>> {
@@ -291,6 +307,9 @@ impl TcpTransportBuilder {
         }
         if let Some(bytes) = number("RLX_BOUNCE_BYTES")? {
             self = self.bounce_bytes(bytes);
+        }
+        if let Some(bytes) = number("RLX_LANE_BYTES")? {
+            self = self.lane_bytes(bytes);
         }
         match number("RLX_SINGLE_COPY")? {
             None | Some(1) => {}
@@ -435,6 +454,7 @@ impl TcpTransportBuilder {
                 heartbeat: self.heartbeat,
                 min_single_copy: self.min_single_copy,
                 max_bounced: self.max_bounced,
+                lane_bytes: self.lane_bytes,
             },
             peers,
         )

@@ -23,8 +23,9 @@
 use rlx_transport::{CollectiveError, FAILURE_WIRE_LEN, Tag};
 
 /// Payload length of a [`FrameKind::Offer`] frame: the sender's process id, the addresses of
-/// its nonce and of its `accepted` word, and the 16-byte nonce.
-pub(crate) const OFFER_LEN: usize = 40;
+/// its nonce and of its `accepted` word, the 16-byte nonce, and its lane file's descriptor
+/// number and id (zero when it has none).
+pub(crate) const OFFER_LEN: usize = 56;
 
 /// Encoded size of a [`FrameHeader`].
 pub(crate) const HEADER_LEN: usize = 48;
@@ -49,6 +50,10 @@ pub(crate) enum FrameKind {
     /// nonce and its `accepted` word lie (`progress/single_copy.rs`). A fixed-size payload,
     /// no seq of its own; the first frame of link 0 between ranks of one host.
     Offer = 6,
+    /// From the next byte on, link 0 carries the sender's frames through the shared-memory
+    /// lane its offer named (`progress/lane.rs`); the socket carries only wake-ups and
+    /// heartbeats. No payload, no seq of its own.
+    Lane = 7,
 }
 
 /// A decoded frame header.
@@ -108,6 +113,7 @@ impl FrameHeader {
             4 => FrameKind::Beat,
             5 => FrameKind::Pull,
             6 => FrameKind::Offer,
+            7 => FrameKind::Lane,
             other => return Err(bad(format!("unknown frame kind {other}"))),
         };
         if bytes[1..8].iter().any(|&b| b != 0) {
@@ -152,6 +158,11 @@ impl FrameHeader {
             FrameKind::Beat => {
                 if header.total != 0 {
                     return Err(bad("heartbeat frame with a payload".to_owned()));
+                }
+            }
+            FrameKind::Lane => {
+                if header.total != 0 {
+                    return Err(bad("lane switch frame with a payload".to_owned()));
                 }
             }
             FrameKind::Offer => {
@@ -245,6 +256,8 @@ mod tests {
         assert_eq!(FrameHeader::decode(1, &p.encode(), CAP).unwrap(), p);
         let o = FrameHeader::whole(FrameKind::Offer, Tag::from_raw(0), 0, OFFER_LEN as u64);
         assert_eq!(FrameHeader::decode(1, &o.encode(), CAP).unwrap(), o);
+        let l = FrameHeader::whole(FrameKind::Lane, Tag::from_raw(0), 0, 0);
+        assert_eq!(FrameHeader::decode(1, &l.encode(), CAP).unwrap(), l);
     }
 
     fn refused(bytes: [u8; HEADER_LEN]) -> String {
@@ -293,6 +306,7 @@ mod tests {
         refused(FrameHeader::whole(FrameKind::Failure, Tag::from_raw(0), 0, 16).encode());
         refused(FrameHeader::whole(FrameKind::Close, Tag::from_raw(0), 0, 1).encode());
         refused(FrameHeader::whole(FrameKind::Beat, Tag::from_raw(0), 0, 1).encode());
+        refused(FrameHeader::whole(FrameKind::Lane, Tag::from_raw(0), 0, 1).encode());
         let partial_pull = FrameHeader {
             kind: FrameKind::Pull,
             offset: 0,

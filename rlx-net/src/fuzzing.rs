@@ -142,6 +142,9 @@ pub fn frame_header(data: &[u8]) -> Verdict {
         ),
         FrameKind::Close => check(header.total == 0, || format!("close frame {header:?}")),
         FrameKind::Beat => check(header.total == 0, || format!("heartbeat frame {header:?}")),
+        FrameKind::Lane => check(header.total == 0, || {
+            format!("lane switch frame {header:?}")
+        }),
         FrameKind::Offer => check(
             header.total == OFFER_LEN as u64 && header.len == header.total,
             || format!("single-copy offer {header:?}"),

@@ -26,8 +26,9 @@ pub(crate) const MAGIC: [u8; 8] = *b"RLXTCP\r\n";
 /// links carry heartbeat frames (kind 4), which version 2 refuses as unknown. 4: ranks of one
 /// host offer to be read by each other (frame kind 6) and may send single-copy frames (kind 5).
 /// 5: a single-copy frame's descriptor names a bounce file and the bounced length (112 bytes
-/// instead of 88).
-pub(crate) const PROTOCOL_VERSION: u32 = 5;
+/// instead of 88). 6: an offer names a shared-memory lane (56 bytes instead of 40), and link 0
+/// may switch to it (frame kind 7).
+pub(crate) const PROTOCOL_VERSION: u32 = 6;
 /// Encoded size of a [`Hello`].
 pub(crate) const HELLO_LEN: usize = 72;
 /// Encoded size of a [`Reply`] without its reason text.

@@ -111,6 +111,13 @@ impl TcpTransport {
         self.engine.pulls_from(rank)
     }
 
+    /// Whether this rank reads `rank`'s first link through a shared-memory lane (see
+    /// [`TcpTransportBuilder::lane_bytes`]): `rank` runs on this host, both ranks have lanes
+    /// on, this rank mapped `rank`'s lane, and `rank` switched to it at a send after that.
+    pub fn lane_from(&self, rank: u32) -> bool {
+        self.engine.reads_lane_from(rank)
+    }
+
     /// The address of `rank`'s first link, when connected.
     pub fn peer_addr(&self, rank: u32) -> Option<SocketAddr> {
         self.engine.peer_addr(rank)

@@ -19,7 +19,7 @@ use crate::matching::{Begin, Outcome};
 use crate::sync::lock;
 
 use super::Engine;
-use super::link::PeerIo;
+use super::link::{Link, PeerIo};
 use super::send::Alongside;
 use super::service::{Own, Service};
 use super::socket::{POLL_FDS, poll, pollfd};
@@ -175,17 +175,22 @@ impl Engine {
                     fds.push(pollfd(link.fd(), libc::POLLOUT));
                 }
             }
+            let mut ready = false;
             {
                 let st = lock(&self.hub.state);
                 for (k, link) in rio.links.iter().enumerate() {
                     if !st.peers[c.from as usize].links[k].parked {
                         fds.push(pollfd(link.fd(), libc::POLLIN));
+                        ready |= link.before_poll();
                     }
                 }
             }
             fds.push(pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN));
-            poll(&mut fds, EXCHANGE_WAIT);
-            fds.iter().any(|fd| fd.revents != 0)
+            if !ready {
+                poll(&mut fds, EXCHANGE_WAIT);
+            }
+            rio.links.iter().for_each(Link::after_poll);
+            ready || fds.iter().any(|fd| fd.revents != 0)
         });
         self.serve_companion(c);
         blocked_send::waiting();

@@ -27,19 +27,18 @@
 //!   side was not listening. If they gave up on this rank meanwhile, their closed sockets say
 //!   so at the next read.
 
-use std::io;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use rlx_transport::Tag;
 
 use crate::error::Lost;
-use crate::frame::{FrameHeader, FrameKind, HEADER_LEN};
+use crate::frame::{FrameHeader, FrameKind};
 use crate::sync::lock;
 
 use super::Engine;
 use super::link::PeerIo;
-use super::socket::{poll, pollfd, write_frame};
+use super::send::Whole;
+use super::socket::{poll, pollfd};
 
 /// Default of [`EngineConfig::heartbeat`](super::EngineConfig::heartbeat): one beat a second,
 /// so that a silent peer is lost after 5 s.
@@ -253,39 +252,18 @@ impl Engine {
             return Ok(());
         }
         let header = FrameHeader::whole(FrameKind::Beat, Tag::from_raw(0), 0, 0).encode();
+        // Beats go on the sockets even where link 0 switched to a lane: there they only prove
+        // the peer alive, and cannot be left half written behind a full ring.
         for link in &io.links {
             let mut fds = [pollfd(link.fd(), libc::POLLOUT)];
             poll(&mut fds, Duration::ZERO);
             if fds[0].revents & libc::POLLOUT == 0 {
                 continue;
             }
-            let mut sent = 0;
-            let started = Instant::now();
-            while sent < HEADER_LEN {
-                match write_frame(&link.stream, &header, &[], 0, 0, sent as u64) {
-                    Ok(n) => sent += n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(self.lost_from_io(rank, "sending a heartbeat", &e)),
-                }
-                if sent == 0 || sent == HEADER_LEN {
-                    break;
-                }
-                // A writable socket takes 48 bytes whole in practice; should it take only
-                // part, the rest must follow before any other frame, or the link is unusable.
-                if started.elapsed() >= interval {
-                    return Err(Lost::Gone(format!(
-                        "a heartbeat to {} stalled after {sent} of {HEADER_LEN} bytes (link unusable)",
-                        io.addr
-                    )));
-                }
-                let mut fds = [
-                    pollfd(link.fd(), libc::POLLOUT),
-                    pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN),
-                ];
-                poll(&mut fds, Duration::from_millis(10));
-                if self.is_aborted() {
-                    break;
-                }
+            if self.send_header_whole(rank, io, link, &header, "a heartbeat", interval)?
+                == Whole::Aborted
+            {
+                break;
             }
         }
         Ok(())

@@ -1,16 +1,18 @@
 //! The sockets this rank holds for its peers ([`PeerIo`], [`Link`]) and each link's receive
 //! state (staging buffer, frame being read), shared by the receive, send and watcher paths.
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use crate::frame::FrameHeader;
+use crate::frame::{FrameHeader, HEADER_LEN};
 use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering, lock};
 
 use super::bounce::Bounce;
-use super::socket::read_some;
+use super::lane::{LaneIn, LaneOut};
+use super::socket::{MAX_IOV, frame_slices, read_some, send_vectored};
 
 /// Size of each link's staging buffer: small frames arrive many to a `read`.
 const STAGING: usize = 64 * 1024;
@@ -32,6 +34,9 @@ pub(crate) struct EngineConfig {
     /// The largest head of a pulled message bounced through shared memory (`bounce.rs`); 0
     /// bounces nothing.
     pub(crate) max_bounced: u64,
+    /// The ring size of each shared-memory lane to a rank of this host (`lane.rs`); 0 keeps
+    /// every link on TCP.
+    pub(crate) lane_bytes: u64,
 }
 
 /// A raw destination address that crosses threads with the link state that uses it.
@@ -68,6 +73,8 @@ pub(super) struct LinkRx {
     pub(super) end: usize,
     pub(super) header: Option<FrameHeader>,
     pub(super) payload: Option<Payload>,
+    /// The peer's lane, mapped when its offer was taken, until its switch frame arrives.
+    pub(super) lane_offered: Option<LaneIn>,
 }
 
 impl LinkRx {
@@ -78,6 +85,7 @@ impl LinkRx {
             end: 0,
             header: None,
             payload: None,
+            lane_offered: None,
         }
     }
 
@@ -107,6 +115,11 @@ pub(crate) struct Link {
     pub(super) rx: Mutex<LinkRx>,
     /// Bytes arrived since the heartbeat monitor last looked (any byte proves the peer alive).
     heard: AtomicBool,
+    /// The shared-memory lane this link's bytes arrive through since the peer switched to it
+    /// (`lane.rs`); link 0 only. Set once, by the holder of the reader role, and read by every
+    /// thread that polls the link. A `std` cell even under loom: its contents live in memory
+    /// the peer process writes.
+    lane: OnceLock<LaneIn>,
 }
 
 impl Link {
@@ -115,17 +128,95 @@ impl Link {
             stream,
             rx: Mutex::new(LinkRx::new()),
             heard: AtomicBool::new(false),
+            lane: OnceLock::new(),
         }
     }
 
-    /// Reads what the socket has into `buf`, noting for the heartbeat monitor that the peer
-    /// was heard from. Every read of an established link goes through here.
+    /// Reads what the link has into `buf`, noting for the heartbeat monitor that the peer was
+    /// heard from. Every read of an established link goes through here.
+    ///
+    /// On a lane the bytes come from the ring; once it is empty the socket is read too, for
+    /// its wake-ups and heartbeats (dropped: they only prove the peer alive) and for its end.
     pub(super) fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(lane) = self.lane.get() {
+            let mut n = lane.read(buf)?;
+            if n == 0 {
+                let ended = self.drain_wake_ups();
+                // What the peer wrote before its last wake-up, its end or a reset (a peer that
+                // exits with wake-ups unread resets the connection) may have arrived after the
+                // first look.
+                n = lane.read(buf)?;
+                if n == 0 {
+                    return match ended? {
+                        true => Ok(0),
+                        false => Err(io::ErrorKind::WouldBlock.into()),
+                    };
+                }
+            }
+            self.heard.store(true, Ordering::Relaxed);
+            return Ok(n);
+        }
         let n = read_some(&self.stream, buf)?;
         if n > 0 {
             self.heard.store(true, Ordering::Relaxed);
         }
         Ok(n)
+    }
+
+    /// Writes as much as the socket takes now of one frame (see [`PeerIo::write_frame`]),
+    /// whether or not the link switched to a lane: heartbeats and the switch itself go here.
+    pub(super) fn send_frame(
+        &self,
+        header: &[u8; HEADER_LEN],
+        parts: &[&[u8]],
+        offset: u64,
+        len: u64,
+        sent: u64,
+    ) -> io::Result<usize> {
+        let mut slices: [IoSlice<'_>; MAX_IOV] = [IoSlice::new(&[]); MAX_IOV];
+        let n = frame_slices(header, parts, offset, len, sent, &mut slices);
+        if n == 0 {
+            return Ok(0);
+        }
+        send_vectored(&self.stream, &slices[..n])
+    }
+
+    /// Reads away what the socket of a link on a lane holds: wake-ups and heartbeats, which
+    /// only prove the peer alive. Returns whether the stream ended.
+    fn drain_wake_ups(&self) -> io::Result<bool> {
+        let mut sink = [0u8; 256];
+        loop {
+            match read_some(&self.stream, &mut sink) {
+                Ok(0) => return Ok(true),
+                Ok(_) => self.heard.store(true, Ordering::Relaxed),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Whether the link reads the peer's lane.
+    pub(super) fn on_lane(&self) -> bool {
+        self.lane.get().is_some()
+    }
+
+    /// Switches the link's reading to the peer's lane (its switch frame arrived).
+    pub(super) fn switch_to_lane(&self, lane: LaneIn) {
+        let _ = self.lane.set(lane);
+    }
+
+    /// Prepares to block in `poll(2)` on this link: a lane reader says it sleeps, so that the
+    /// peer wakes it through the socket. Returns whether bytes are waiting already (then the
+    /// caller must not block).
+    pub(super) fn before_poll(&self) -> bool {
+        self.lane.get().is_some_and(LaneIn::sleep)
+    }
+
+    /// Undoes [`Link::before_poll`] once the poll is over.
+    pub(super) fn after_poll(&self) {
+        if let Some(lane) = self.lane.get() {
+            lane.wake();
+        }
     }
 
     /// Whether bytes arrived since the last call.
@@ -147,6 +238,15 @@ pub(super) struct TxState {
     pub(super) next_seq: u64,
     /// The bounce file of messages to this peer (`bounce.rs`), made at the first one.
     pub(super) bounce: Option<Bounce>,
+    /// The lane to this peer (`lane.rs`), made with the offer.
+    pub(super) lane: Option<LaneOut>,
+}
+
+impl TxState {
+    /// Whether link 0 writes into the lane.
+    pub(super) fn on_lane(&self) -> bool {
+        self.lane.as_ref().is_some_and(|l| l.switched)
+    }
 }
 
 /// Everything this rank holds for one peer.
@@ -166,8 +266,44 @@ impl PeerIo {
             tx: Mutex::new(TxState {
                 next_seq: 0,
                 bounce: None,
+                lane: None,
             }),
         }
+    }
+
+    /// Writes as much as link `k` takes now of one frame (header, then bytes
+    /// `offset..offset+len` of the concatenated `parts`), of which `sent` bytes are written
+    /// already: into the lane for link 0 once it switched, else into the socket. A lane reader
+    /// that sleeps is woken with one byte on the socket.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one frame's pieces, as `frame_slices` takes them"
+    )]
+    pub(super) fn write_frame(
+        &self,
+        tx: &mut TxState,
+        k: usize,
+        header: &[u8; HEADER_LEN],
+        parts: &[&[u8]],
+        offset: u64,
+        len: u64,
+        sent: u64,
+    ) -> io::Result<usize> {
+        let link = &self.links[k];
+        let Some(lane) = tx.lane.as_mut().filter(|l| k == 0 && l.switched) else {
+            return link.send_frame(header, parts, offset, len, sent);
+        };
+        let mut slices: [IoSlice<'_>; MAX_IOV] = [IoSlice::new(&[]); MAX_IOV];
+        let n = frame_slices(header, parts, offset, len, sent, &mut slices);
+        if n == 0 {
+            return Ok(0);
+        }
+        let (written, sleeping) = lane.write(&slices[..n])?;
+        if sleeping {
+            // A full socket is readable already, which wakes the poller as well.
+            let _ = send_vectored(&link.stream, &[IoSlice::new(&[0])]);
+        }
+        Ok(written)
     }
 
     pub(super) fn shutdown(&self) {

@@ -28,7 +28,8 @@
 //! this process was stopped; `service.rs` the link service that lands frames; `send.rs` the send
 //! path; `single_copy.rs` large messages between ranks of one host read straight from the sender's
 //! memory, over the OS calls of `cross_memory.rs`; `bounce.rs` their heads copied through a
-//! shared-memory file instead, over the OS calls of `shared_memory.rs`; `exchange.rs` a send and a receive run together
+//! shared-memory file instead, over the OS calls of `shared_memory.rs`; `lane.rs` link 0 to a
+//! rank of this host carried through a shared-memory ring; `exchange.rs` a send and a receive run together
 //! by one thread; `traffic.rs` the byte counters; `watch.rs` the background watcher; `heartbeat.rs`
 //! the heartbeats and the silence rule; `link.rs` the per-peer sockets and link state; `socket.rs`
 //! the OS calls (`poll(2)`, vectored sends, wake-up sockets).
@@ -39,6 +40,7 @@ mod cross_memory;
 mod exchange;
 mod heartbeat;
 mod hub;
+mod lane;
 mod link;
 mod recv;
 mod send;
@@ -49,7 +51,7 @@ mod socket;
 mod traffic;
 mod watch;
 
-use std::io::{self, IoSlice};
+use std::io;
 use std::net::{Shutdown, SocketAddr};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
@@ -71,11 +73,10 @@ pub(crate) use hub::Hub;
 pub(crate) use bounce::DEFAULT_MAX_BOUNCED;
 #[cfg(rlx_loom)]
 pub(crate) use hub::{DriveEnd, Links};
+pub(crate) use lane::DEFAULT_LANE_BYTES;
 pub(crate) use link::{EngineConfig, PeerIo};
 pub(crate) use single_copy::DEFAULT_MIN_SINGLE_COPY;
-use socket::{
-    WakeWrite, peer_on_this_host, read_some, same_host_congestion_control, send_vectored,
-};
+use socket::{WakeWrite, peer_on_this_host, read_some, same_host_congestion_control};
 
 /// Default of [`EngineConfig::spin`]: how long a thread that waits for its own receive spins
 /// on non-blocking reads before it blocks in `poll(2)` (a blocking wake-up costs ~30 µs on the
@@ -234,9 +235,9 @@ impl Engine {
         if lock(&self.hub.state).peers[peer as usize].lost.is_some() {
             return;
         }
-        let Some(link) = io.links.first() else {
+        if io.links.is_empty() {
             return;
-        };
+        }
         let Ok(mut tx) = io.tx.try_lock() else {
             return;
         };
@@ -253,7 +254,7 @@ impl Engine {
         )
         .encode();
         let whole = header.len() + notice.len();
-        match socket::write_frame(&link.stream, &header, &[&notice], 0, notice.len() as u64, 0) {
+        match io.write_frame(&mut tx, 0, &header, &[&notice], 0, notice.len() as u64, 0) {
             Ok(n) if n == whole => tx.next_seq += 1,
             // Half a frame on the wire makes the peer see a broken link instead of the notice;
             // it is shut down right after either way.
@@ -299,9 +300,9 @@ impl Engine {
         if !self.is_aborted() {
             let close = FrameHeader::whole(FrameKind::Close, Tag::from_raw(0), 0, 0).encode();
             for peer in self.peers.iter().flatten() {
-                if let Ok(_tx) = peer.tx.try_lock() {
-                    if let Some(link) = peer.links.first() {
-                        let _ = send_vectored(&link.stream, &[IoSlice::new(&close)]);
+                if let Ok(mut tx) = peer.tx.try_lock() {
+                    if !peer.links.is_empty() {
+                        let _ = peer.write_frame(&mut tx, 0, &close, &[], 0, 0, 0);
                     }
                 }
                 for link in &peer.links {

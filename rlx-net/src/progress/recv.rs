@@ -12,7 +12,7 @@ use crate::sync::{Ordering, lock};
 
 use super::Engine;
 use super::hub::{DriveEnd, Hub, Links};
-use super::link::{Land, PeerIo, RawDest};
+use super::link::{Land, Link, PeerIo, RawDest};
 use super::service::{Own, Service};
 use super::socket::{POLL_FDS, WakeWrite, poll, pollfd};
 
@@ -146,16 +146,21 @@ impl Engine {
         POLL_FDS.with(|fds| {
             let mut fds = fds.borrow_mut();
             fds.clear();
+            let mut ready = false;
             {
                 let st = lock(&self.hub.state);
                 for (k, link) in io.links.iter().enumerate() {
                     if !st.peers[from as usize].links[k].parked {
                         fds.push(pollfd(link.fd(), libc::POLLIN));
+                        ready |= link.before_poll();
                     }
                 }
             }
             fds.push(pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN));
-            poll(&mut fds, wait);
+            if !ready {
+                poll(&mut fds, wait);
+            }
+            io.links.iter().for_each(Link::after_poll);
         });
     }
 }

@@ -18,10 +18,10 @@ use super::Engine;
 use super::bounce::Bounced;
 use super::exchange::Companion;
 use super::hub::take_free_links;
-use super::link::PeerIo;
+use super::link::{Link, PeerIo, TxState};
 use super::service::Service;
 use super::single_copy::DESCRIPTOR_LEN;
-use super::socket::{POLL_FDS, poll, pollfd, write_frame};
+use super::socket::{POLL_FDS, poll, pollfd};
 
 /// A sender reading other links while its write blocks re-checks who wants them this often.
 const SENDER_POLL: Duration = Duration::from_millis(1);
@@ -35,6 +35,17 @@ thread_local! {
     /// (engine address, destination rank): each holds its destination's links until its work
     /// is over, so a send to the same destination from inside that work would wait for itself.
     static OPEN: RefCell<Vec<(usize, u32)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// How a frame of a header alone, written whole by [`Engine::send_header_whole`], ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Whole {
+    /// Every byte is written.
+    Sent,
+    /// The socket took nothing now; nothing is written.
+    NotStarted,
+    /// The transport was aborted while the rest waited for room.
+    Aborted,
 }
 
 /// The work a caller runs while its message is in flight, see
@@ -177,6 +188,7 @@ impl Engine {
                 None => return Ok(false),
             },
         };
+        self.switch_to_lane(to, io, &mut tx)?;
         let seq = tx.next_seq;
         // A large message to a rank of this host goes as a descriptor the peer reads it by
         // (`single_copy.rs`); the frame's lengths stay the message's.
@@ -212,6 +224,7 @@ impl Engine {
         let deadline = Instant::now().checked_add(self.cfg.op_timeout);
         let mut started = false;
         let mut light = true;
+        let mut lane_full_since: Option<Instant> = None;
         loop {
             let mut progress = false;
             let mut done = true;
@@ -222,7 +235,7 @@ impl Engine {
                     continue;
                 }
                 done = false;
-                match write_frame(&io.links[i].stream, &headers[i], wire, offset, len, sent[i]) {
+                match io.write_frame(&mut tx, i, &headers[i], wire, offset, len, sent[i]) {
                     Ok(n) => {
                         sent[i] += n as u64;
                         progress |= n > 0;
@@ -248,6 +261,7 @@ impl Engine {
                 progress |= self.serve_companion(c);
             }
             if progress {
+                lane_full_since = None;
                 continue;
             }
             if self.is_aborted() {
@@ -274,6 +288,17 @@ impl Engine {
             let pending: u64 = (0..count)
                 .filter(|&i| sent[i] < HEADER_LEN as u64 + stripes.range(i).1)
                 .fold(0, |mask, i| mask | 1 << i);
+            // A full lane has no socket to poll, and nothing wakes this side when the peer
+            // drains it: yield while the peer is likely reading, then wait in short naps.
+            let lane_full = pending & 1 != 0 && tx.on_lane();
+            let pending = pending & !u64::from(lane_full);
+            if lane_full {
+                let since = *lane_full_since.get_or_insert(now);
+                if now.duration_since(since) < self.cfg.spin {
+                    std::thread::yield_now();
+                    continue;
+                }
+            }
             if let Some(c) = companion.as_deref_mut().filter(|c| c.reading()) {
                 if self.wait_exchange(io, pending, c) {
                     continue;
@@ -282,7 +307,7 @@ impl Engine {
             // Usually the peer is reading and the socket drains within microseconds: wait for
             // that alone first. Only when it does not (the peer may be blocked sending to us,
             // or in a ring of such senders) read every free link while waiting.
-            if light {
+            if light && !lane_full {
                 light = self.poll_writable(io, pending);
                 if light {
                     continue;
@@ -292,7 +317,11 @@ impl Engine {
                 Some(by) => Some(deadline.map_or(by, |d| d.min(by))),
                 None => deadline,
             };
-            self.wait_writable(io, pending, until.map(|d| d.saturating_duration_since(now)));
+            let mut wait = until.map(|d| d.saturating_duration_since(now));
+            if lane_full {
+                wait = Some(wait.map_or(SENDER_POLL, |w| w.min(SENDER_POLL)));
+            }
+            self.wait_writable(io, pending, wait);
         }
         // An offer is the link's business, not a message: it has no place in the order.
         if kind != FrameKind::Offer {
@@ -318,6 +347,83 @@ impl Engine {
             self.traffic.sent(total);
         }
         worked.map(|()| true)
+    }
+
+    /// Moves link 0 to `to` onto its shared-memory lane once the peer mapped it (`lane.rs`):
+    /// the switch frame goes on the socket, everything after it into the ring. A socket that
+    /// takes nothing now leaves the switch to a later send.
+    fn switch_to_lane(
+        &self,
+        to: u32,
+        io: &PeerIo,
+        tx: &mut TxState,
+    ) -> Result<(), CollectiveError> {
+        let Some(lane) = tx.lane.as_mut().filter(|l| !l.switched && l.accepted()) else {
+            return Ok(());
+        };
+        let Some(link) = io.links.first() else {
+            return Ok(());
+        };
+        let header = FrameHeader::whole(FrameKind::Lane, Tag::from_raw(0), 0, 0).encode();
+        let limit = self.cfg.op_timeout;
+        match self.send_header_whole(to, io, link, &header, "a lane switch", limit) {
+            Ok(Whole::Sent) => {
+                lane.switched = true;
+                tracing::debug!(peer = to, "link 0 writes into the shared-memory lane");
+                Ok(())
+            }
+            Ok(Whole::NotStarted) => Ok(()),
+            Ok(Whole::Aborted) => Err(CollectiveError::Aborted),
+            Err(lost) => {
+                let err = lost.error(to);
+                self.lose(to, lost);
+                Err(err)
+            }
+        }
+    }
+
+    /// Writes `header`, a frame without payload, on `link`'s socket to `rank`: nothing when the
+    /// socket takes nothing now, else all of it, waiting for room up to `limit`. A writable
+    /// socket takes 48 bytes whole in practice; should it take only part, the rest must follow
+    /// before any other frame, or the link is unusable, and the peer is lost past `limit`.
+    pub(super) fn send_header_whole(
+        &self,
+        rank: u32,
+        io: &PeerIo,
+        link: &Link,
+        header: &[u8; HEADER_LEN],
+        what: &str,
+        limit: Duration,
+    ) -> Result<Whole, Lost> {
+        let mut sent = 0;
+        let started = Instant::now();
+        loop {
+            match link.send_frame(header, &[], 0, 0, sent as u64) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(self.lost_from_io(rank, &format!("sending {what}"), &e)),
+            }
+            if sent == 0 {
+                return Ok(Whole::NotStarted);
+            }
+            if sent == HEADER_LEN {
+                return Ok(Whole::Sent);
+            }
+            if started.elapsed() >= limit {
+                return Err(Lost::Gone(format!(
+                    "{what} to {} stalled after {sent} of {HEADER_LEN} bytes (link unusable)",
+                    io.addr
+                )));
+            }
+            let mut fds = [
+                pollfd(link.fd(), libc::POLLOUT),
+                pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN),
+            ];
+            poll(&mut fds, Duration::from_millis(10));
+            if self.is_aborted() {
+                return Ok(Whole::Aborted);
+            }
+        }
     }
 
     /// A send to `to` that reached its deadline `when` the link was left in a state nothing
@@ -408,13 +514,23 @@ impl Engine {
                         fds.push(pollfd(link.fd(), libc::POLLOUT));
                     }
                 }
-                for &(rank, k) in held.iter() {
-                    if let Some(Some(p)) = self.peers.get(rank as usize) {
-                        fds.push(pollfd(p.links[k].fd(), libc::POLLIN));
-                    }
+                let held_links = || {
+                    held.iter()
+                        .filter_map(|&(rank, k)| match self.peers.get(rank as usize) {
+                            Some(Some(p)) => Some(&p.links[k]),
+                            _ => None,
+                        })
+                };
+                let mut ready = false;
+                for link in held_links() {
+                    fds.push(pollfd(link.fd(), libc::POLLIN));
+                    ready |= link.before_poll();
                 }
                 fds.push(pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN));
-                poll(&mut fds, wait);
+                if !ready {
+                    poll(&mut fds, wait);
+                }
+                held_links().for_each(Link::after_poll);
             });
             self.drain_held(&held);
         });

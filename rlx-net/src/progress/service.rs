@@ -184,9 +184,27 @@ impl Engine {
                         Staged::More => continue,
                         Staged::Idle => return Ok(Service::Idle),
                     }
-                    self.take_offer(from, &rx.staging[rx.start..rx.start + OFFER_LEN]);
+                    let offer = &rx.staging[rx.start..rx.start + OFFER_LEN];
+                    if let Some(lane) = self.take_offer(from, offer) {
+                        rx.lane_offered = Some(lane);
+                    }
                     rx.start += OFFER_LEN;
                     rx.header = None;
+                    continue;
+                }
+                FrameKind::Lane => {
+                    on_link_zero(from, k, "lane switch")?;
+                    let Some(lane) = rx.lane_offered.take() else {
+                        return Err(protocol_lost(CollectiveError::protocol(
+                            Some(from),
+                            "switch to a shared-memory lane this rank did not map".to_owned(),
+                        )));
+                    };
+                    // Past the switch the socket carries only wake-ups and heartbeats.
+                    rx.start = rx.end;
+                    rx.header = None;
+                    link.switch_to_lane(lane);
+                    tracing::debug!(peer = from, "link 0 reads the shared-memory lane");
                     continue;
                 }
                 FrameKind::Pull => {

@@ -66,6 +66,7 @@ use super::Engine;
 use super::bounce::{BounceView, Bounced};
 use super::cross_memory;
 use super::exchange::Companion;
+use super::lane::{LaneIn, LaneOut};
 use super::link::{Land, PeerIo};
 use super::service::Own;
 use super::socket::{poll, pollfd};
@@ -517,6 +518,9 @@ impl Engine {
             let accepted = words.accepted.as_ptr() as usize as u64;
             offer[16..24].copy_from_slice(&accepted.to_le_bytes());
             offer[24..40].copy_from_slice(&self.single_copy.nonce[..]);
+            let (lane_fd, lane_id) = self.make_lane(peer);
+            offer[40..48].copy_from_slice(&lane_fd.to_le_bytes());
+            offer[48..56].copy_from_slice(&lane_id.to_le_bytes());
             // A link that does not take these few bytes at once is broken or about to be;
             // the path simply stays off for it.
             let sent = self.try_send(
@@ -530,18 +534,35 @@ impl Engine {
         }
     }
 
+    /// Makes the lane to `peer` (`lane.rs`) when lanes are on, and returns its name for the
+    /// offer (zeros: none).
+    fn make_lane(&self, peer: u32) -> (u64, u64) {
+        if self.cfg.lane_bytes == 0 {
+            return (0, 0);
+        }
+        let Some(Some(io)) = self.peers.get(peer as usize) else {
+            return (0, 0);
+        };
+        let mut tx = lock(&io.tx);
+        if tx.lane.is_none() {
+            tx.lane = LaneOut::create(self.cfg.lane_bytes);
+        }
+        tx.lane.as_ref().map_or((0, 0), LaneOut::name)
+    }
+
     /// Takes `peer`'s offer (the bytes of a [`FrameKind::Offer`] frame): when this rank is
     /// willing and the nonce is where the peer says, in the process it names, this rank reads
     /// the peer's large messages from that process from now on, and writes the peer's
     /// `accepted` word so that it starts sending them by pull. Anything else leaves the path
     /// off for that peer and is not an error: the offer is an optimisation.
-    pub(super) fn take_offer(&self, peer: u32, offer: &[u8]) {
+    ///
+    /// Returns the peer's lane, mapped and accepted, when the offer names one and lanes are on
+    /// here; link 0 reads it once the peer's switch frame arrives.
+    pub(super) fn take_offer(&self, peer: u32, offer: &[u8]) -> Option<LaneIn> {
         if !self.single_copy_willing() {
-            return;
+            return None;
         }
-        let Some(words) = self.single_copy.peer(peer) else {
-            return;
-        };
+        let words = self.single_copy.peer(peer)?;
         let word = |i: usize| {
             let mut w = [0u8; 8];
             w.copy_from_slice(&offer[i..i + 8]);
@@ -559,7 +580,7 @@ impl Engine {
                 pid,
                 "single-copy offer not taken: its nonce was not readable"
             );
-            return;
+            return None;
         }
         // The first proven process stays the peer's: a later offer naming another is ignored.
         let current =
@@ -571,12 +592,19 @@ impl Engine {
                 Err(current) => current,
             };
         if current != pid {
-            return;
+            return None;
         }
         match cross_memory::write_word(pid, word(16), 1) {
             Ok(()) => tracing::debug!(peer, pid, "single-copy offer taken"),
             Err(e) => tracing::debug!(peer, pid, %e, "single-copy offer not answered"),
         }
+        let (lane_fd, lane_id) = (word(40), word(48));
+        if lane_fd == 0 || self.cfg.lane_bytes == 0 {
+            return None;
+        }
+        LaneIn::open(pid, lane_fd, lane_id)
+            .inspect_err(|e| tracing::debug!(peer, pid, %e, "lane not mapped; link 0 stays on TCP"))
+            .ok()
     }
 
     /// The segment size for pipelined collectives among `members` when they all run on this

@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::frame::HEADER_LEN;
 
 /// Most slices one vectored write takes.
-const MAX_IOV: usize = 16;
+pub(super) const MAX_IOV: usize = 16;
 
 thread_local! {
     /// Each thread's `poll(2)` array, reused across calls.
@@ -99,17 +99,16 @@ pub(super) fn send_vectored(stream: &TcpStream, slices: &[IoSlice<'_>]) -> io::R
     }
 }
 
-/// Writes as much as the socket takes of one frame (header, then bytes `offset..offset+len`
-/// of the concatenated `parts`), of which `sent` bytes are already written.
-pub(super) fn write_frame(
-    stream: &TcpStream,
-    header: &[u8; HEADER_LEN],
-    parts: &[&[u8]],
+/// Fills `slices` with what is left of one frame (header, then bytes `offset..offset+len` of
+/// the concatenated `parts`) after its first `sent` bytes; returns how many slices it used.
+pub(super) fn frame_slices<'a>(
+    header: &'a [u8; HEADER_LEN],
+    parts: &[&'a [u8]],
     offset: u64,
     len: u64,
     sent: u64,
-) -> io::Result<usize> {
-    let mut slices: [IoSlice<'_>; MAX_IOV] = [IoSlice::new(&[]); MAX_IOV];
+    slices: &mut [IoSlice<'a>; MAX_IOV],
+) -> usize {
     let mut n = 0;
     if sent < HEADER_LEN as u64 {
         slices[0] = IoSlice::new(&header[sent as usize..]);
@@ -136,10 +135,7 @@ pub(super) fn write_frame(
         }
         part_start = part_end;
     }
-    if n == 0 {
-        return Ok(0);
-    }
-    send_vectored(stream, &slices[..n])
+    n
 }
 
 /// Writing one byte to a non-blocking wake-up socket: a full buffer already means "awake".

@@ -71,14 +71,25 @@ impl Engine {
                 }
             }
             fds.clear();
+            let mut ready = false;
             for &(rank, k) in &held {
                 if let Some(Some(p)) = self.peers.get(rank as usize) {
                     fds.push(pollfd(p.links[k].fd(), libc::POLLIN));
+                    // A lane with bytes waiting is served at once, as a readable socket is.
+                    if p.links[k].before_poll() {
+                        due.push((rank, k));
+                        ready = true;
+                    }
                 }
             }
             fds.push(pollfd(self.watch_rx.as_raw_fd(), libc::POLLIN));
             fds.push(pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN));
-            poll(&mut fds, wait);
+            poll(&mut fds, if ready { Duration::ZERO } else { wait });
+            for &(rank, k) in &held {
+                if let Some(Some(p)) = self.peers.get(rank as usize) {
+                    p.links[k].after_poll();
+                }
+            }
             if fds[held.len()].revents != 0 {
                 let mut sink = [0u8; 64];
                 while matches!((&self.watch_rx).read(&mut sink), Ok(n) if n > 0) {}
