@@ -490,7 +490,7 @@ fn dropped_hostile(t: &TcpTransport) -> CollectiveError {
 
 /// After the handshake, a hostile rank 2 sends garbage to rank 0, a truncated frame header to
 /// rank 1, then a frame header announcing 2^62 bytes, then a single-copy frame without having
-/// offered to be read; each offender is dropped with its reason and logged, the real ranks
+/// offered to be read, then a switch to a lane it never offered; each offender is dropped with its reason and logged, the real ranks
 /// exchange exactly meanwhile, and nothing is allocated for the announced length.
 #[test]
 fn hostile_frames_drop_the_offender_while_the_job_completes() {
@@ -568,6 +568,22 @@ fn hostile_frames_drop_the_offender_while_the_job_completes() {
     ]);
     exchange_is_exact(&world, 20);
     rss.check("after a single-copy frame without an offer");
+    drop(world);
+
+    // A switch to a shared-memory lane nobody offered: the link cannot move anywhere.
+    let (world, mut hostile) = world_with_a_hostile_rank("hostile-frames-4", |b| b);
+    let mut switch = frame_header(5, 0, 0);
+    switch[0] = 7;
+    hostile[0].write_all(&switch).expect("a lane switch");
+    let error = dropped_hostile(&world[0]);
+    assert!(
+        matches!(&error, CollectiveError::Protocol { peer: Some(2), detail }
+            if detail.contains("lane this rank did not map")),
+        "a lane switch without an offer: {error:?}"
+    );
+    logged(&["peer broke the protocol", "lane this rank did not map"]);
+    exchange_is_exact(&world, 20);
+    rss.check("after a lane switch without an offer");
     rss.report("hostile frames");
 }
 

@@ -1,5 +1,6 @@
-//! The OS calls of staged copies (`bounce.rs` holds the protocol around them): an anonymous
-//! shared-memory file a sender stages messages in, and the peer's mapping of that same file.
+//! The OS calls of shared-memory files (`bounce.rs` and `lane.rs` hold the protocols around
+//! them): an anonymous shared-memory file a sender stages bytes in, and the peer's mapping of
+//! that same file.
 //!
 //! - Linux: `memfd_create(2)` with a seal against shrinking (`F_SEAL_SHRINK`), so that the
 //!   reader's mapping can never lose pages under it (a read past the end of a shrunk file would
@@ -58,7 +59,7 @@ pub(super) fn create(len: usize) -> io::Result<OwnedFd> {
     use std::os::fd::FromRawFd;
     let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     // SAFETY: the name is a NUL-terminated literal; the call only reads it.
-    let fd = unsafe { libc::memfd_create(c"rlx-net-bounce".as_ptr(), flags) };
+    let fd = unsafe { libc::memfd_create(c"rlx-net".as_ptr(), flags) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -98,7 +99,7 @@ pub(super) fn open_peer_file(pid: u32, fd: u64) -> io::Result<(OwnedFd, usize)> 
     if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            "the bounce file is not sealed against shrinking",
+            "the shared-memory file is not sealed against shrinking",
         ));
     }
     let len = usize::try_from(file.metadata()?.len())

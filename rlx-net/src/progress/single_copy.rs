@@ -32,7 +32,8 @@
 //! The offer, made once when the transport is built: a willing rank (`RLX_SINGLE_COPY` is not
 //! `0`) writes a [`FrameKind::Offer`] frame as the first frame of link 0 to each peer on this
 //! host (reached over loopback or at its own address, see `peer_on_this_host`): its process id,
-//! the address and value of a random nonce of its own, and the address of its `accepted` word.
+//! the address and value of a random nonce of its own, the address of its `accepted` word, and
+//! the name of its shared-memory lane to that peer (`lane.rs`), if it made one.
 //! A willing peer reads the nonce in the named process and, when the bytes match, reads that
 //! peer's pulled messages from that process from then on and writes 1 into its `accepted`
 //! word. A rank sends by pull only to peers that wrote its `accepted` word, and reads by pull
