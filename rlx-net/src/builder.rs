@@ -259,7 +259,7 @@ impl TcpTransportBuilder {
         self
     }
 
-    /// The ring size of the shared-memory lane to each rank of this host (default 1 MiB;
+    /// The ring size of the shared-memory lane to each rank of this host (default 256 KiB;
     /// `RLX_LANE_BYTES` with [`TcpTransport::from_env`]; 0 keeps every link on TCP).
     ///
     /// Where the single-copy path is on, the first link to a rank of this host carries its

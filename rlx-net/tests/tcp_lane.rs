@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{assert_all_ok, free_port, pattern, rlx_env, spawn, wait_all};
-use rlx_transport::{CollectiveError, Tag, Transport};
+use rlx_transport::{CollectiveError, Transport};
 
 /// Empty, tiny, primes, past a 4 KiB ring, past the staging buffer, and around the
 /// single-copy threshold (256 KiB), whose descriptors travel the lane too.
@@ -34,29 +34,14 @@ fn worker(role: &str) -> Result<(), String> {
     }
 }
 
-/// Three rounds of one-byte messages between every pair. Each peer has taken this rank's
-/// offer before it sends its second-round message (it received this rank's first one, which
-/// follows the offer), so this rank switches to its lanes at its third-round sends at the
-/// latest, and each peer reads the switch with that message.
-fn settle(t: &dyn Transport) -> Result<(), String> {
-    let (rank, n) = (t.rank(), t.world_size());
-    for round in 0..3u32 {
-        for peer in (0..n).filter(|&p| p != rank) {
-            t.send_bytes(peer, 50 + round, &[rank as u8])
-                .map_err(|e| e.to_string())?;
-        }
-        for peer in (0..n).filter(|&p| p != rank) {
-            t.recv_bytes(peer, 50 + round).map_err(|e| e.to_string())?;
-        }
-    }
-    Ok(())
-}
-
 fn lanes_worker() -> Result<(), String> {
     let t = common::from_env()?;
     let (rank, n) = (t.rank(), t.world_size());
     let e = |what: &str, err: CollectiveError| format!("rank {rank}, {what}: {err}");
-    settle(&t)?;
+    // Each peer has taken this rank's offer before it sends its second-round message (it
+    // received this rank's first one, which follows the offer), so this rank switches to its
+    // lanes at its third-round sends at the latest, and each peer reads the switch with them.
+    common::settle(&t, 3)?;
     let expect = std::env::var("EXPECT_LANE").as_deref() == Ok("1");
     for peer in (0..n).filter(|&p| p != rank) {
         if t.lane_from(peer) != expect {
@@ -84,24 +69,7 @@ fn lanes_worker() -> Result<(), String> {
         }
     }
     // Exchanges around the ring into posted buffers, both directions streaming at once.
-    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
-    for (i, &len) in SIZES.iter().enumerate() {
-        let index = 100 + i as u64;
-        let outgoing = pattern(rank, index, len);
-        let mut buf = vec![0xEE; len + 5];
-        let tag = Tag::user(20).map_err(|err| e("tag", err))?;
-        let got = t
-            .send_recv_into(next, prev, tag, &[&outgoing], &mut buf, t.op_timeout())
-            .map_err(|err| e("exchange", err))?;
-        if got != Some(len)
-            || buf[..len] != pattern(prev, index, len)[..]
-            || buf[len..].iter().any(|&b| b != 0xEE)
-        {
-            return Err(format!(
-                "rank {rank}: exchange of {len} bytes from rank {prev} differs ({got:?})"
-            ));
-        }
-    }
+    common::exchange_ring_exact(&t, SIZES)?;
     // Many small messages, each under its own tag, taken in reverse order.
     for peer in (0..n).filter(|&p| p != rank) {
         for k in 0..BURST {

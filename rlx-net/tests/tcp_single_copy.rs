@@ -20,22 +20,6 @@ const SIZES: &[usize] = &[1, (256 << 10) - 1, 256 << 10, (1 << 20) + 3, (16 << 2
 
 const THRESHOLD: usize = 256 << 10;
 
-/// Two rounds of small messages between every pair: after them every peer has read this
-/// rank's first link, and so has taken its offer, before any large message goes out.
-fn settle(t: &dyn Transport) -> Result<(), String> {
-    let (rank, n) = (t.rank(), t.world_size());
-    for round in 0..2u32 {
-        for peer in (0..n).filter(|&p| p != rank) {
-            t.send_bytes(peer, 50 + round, &[rank as u8])
-                .map_err(|e| e.to_string())?;
-        }
-        for peer in (0..n).filter(|&p| p != rank) {
-            t.recv_bytes(peer, 50 + round).map_err(|e| e.to_string())?;
-        }
-    }
-    Ok(())
-}
-
 /// `bytes` cut into one to three parts, as a vectored send gives them.
 fn parts(bytes: &[u8], index: usize) -> Vec<&[u8]> {
     let cuts = index % 3 + 1;
@@ -50,7 +34,7 @@ fn exact_worker() -> Result<(), String> {
     let t = common::from_env()?;
     let (rank, n) = (t.rank(), t.world_size());
     let e = |what: &str, err: CollectiveError| format!("rank {rank}, {what}: {err}");
-    settle(&t)?;
+    common::settle(&t, 2)?;
     for peer in (0..n).filter(|&p| p != rank) {
         for (i, &len) in SIZES.iter().enumerate() {
             let bytes = pattern(rank, i as u64, len);
@@ -67,24 +51,7 @@ fn exact_worker() -> Result<(), String> {
             }
         }
     }
-    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
-    for (i, &len) in SIZES.iter().enumerate() {
-        let index = 100 + i as u64;
-        let outgoing = pattern(rank, index, len);
-        let mut buf = vec![0xEE; len + 5];
-        let tag = Tag::user(20).map_err(|err| e("tag", err))?;
-        let got = t
-            .send_recv_into(next, prev, tag, &[&outgoing], &mut buf, t.op_timeout())
-            .map_err(|err| e("exchange", err))?;
-        if got != Some(len)
-            || buf[..len] != pattern(prev, index, len)[..]
-            || buf[len..].iter().any(|&b| b != 0xEE)
-        {
-            return Err(format!(
-                "rank {rank}: exchange of {len} bytes from rank {prev} differs ({got:?})"
-            ));
-        }
-    }
+    common::exchange_ring_exact(&t, SIZES)?;
     let large: u64 = SIZES
         .iter()
         .filter(|&&l| l >= THRESHOLD)
@@ -192,8 +159,8 @@ fn a_sender_that_gives_up_is_not_trusted() {
     });
     std::thread::scope(|s| {
         let (a, b) = (&w[0], &w[1]);
-        let one = s.spawn(|| settle(b.as_ref()));
-        settle(a.as_ref()).expect("settle rank 0");
+        let one = s.spawn(|| common::settle(b.as_ref(), 2));
+        common::settle(a.as_ref(), 2).expect("settle rank 0");
         one.join().expect("rank 1").expect("settle rank 1");
     });
     // A message already queued counts against the budget, so the large one parks.
@@ -231,9 +198,9 @@ fn work_runs_while_the_message_is_in_flight() {
     std::thread::scope(|s| {
         let others: Vec<_> = [&w[1], &w[2]]
             .into_iter()
-            .map(|t| s.spawn(|| settle(t.as_ref())))
+            .map(|t| s.spawn(|| common::settle(t.as_ref(), 2)))
             .collect();
-        settle(w[0].as_ref()).expect("settle rank 0");
+        common::settle(w[0].as_ref(), 2).expect("settle rank 0");
         for one in others {
             one.join().expect("a rank").expect("settle");
         }
@@ -286,8 +253,8 @@ fn work_runs_while_the_message_is_in_flight() {
 fn a_message_waits_for_a_receive_posted_late() {
     let w = shared_world(2, |b| b.op_timeout(Duration::from_secs(20)));
     std::thread::scope(|s| {
-        let one = s.spawn(|| settle(w[1].as_ref()));
-        settle(w[0].as_ref()).expect("settle rank 0");
+        let one = s.spawn(|| common::settle(w[1].as_ref(), 2));
+        common::settle(w[0].as_ref(), 2).expect("settle rank 0");
         one.join().expect("rank 1").expect("settle rank 1");
     });
     let before = w[1].traffic().expect("counted");

@@ -12,7 +12,7 @@ use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering, lock};
 
 use super::bounce::Bounce;
 use super::lane::{LaneIn, LaneOut};
-use super::socket::{MAX_IOV, frame_slices, read_some, send_vectored};
+use super::socket::{read_some, send_vectored, with_frame_slices};
 
 /// Size of each link's staging buffer: small frames arrive many to a `read`.
 const STAGING: usize = 64 * 1024;
@@ -173,12 +173,9 @@ impl Link {
         len: u64,
         sent: u64,
     ) -> io::Result<usize> {
-        let mut slices: [IoSlice<'_>; MAX_IOV] = [IoSlice::new(&[]); MAX_IOV];
-        let n = frame_slices(header, parts, offset, len, sent, &mut slices);
-        if n == 0 {
-            return Ok(0);
-        }
-        send_vectored(&self.stream, &slices[..n])
+        with_frame_slices(header, parts, offset, len, sent, |slices| {
+            send_vectored(&self.stream, slices)
+        })
     }
 
     /// Reads away what the socket of a link on a lane holds: wake-ups and heartbeats, which
@@ -293,17 +290,14 @@ impl PeerIo {
         let Some(lane) = tx.lane.as_mut().filter(|l| k == 0 && l.switched) else {
             return link.send_frame(header, parts, offset, len, sent);
         };
-        let mut slices: [IoSlice<'_>; MAX_IOV] = [IoSlice::new(&[]); MAX_IOV];
-        let n = frame_slices(header, parts, offset, len, sent, &mut slices);
-        if n == 0 {
-            return Ok(0);
-        }
-        let (written, sleeping) = lane.write(&slices[..n])?;
-        if sleeping {
-            // A full socket is readable already, which wakes the poller as well.
-            let _ = send_vectored(&link.stream, &[IoSlice::new(&[0])]);
-        }
-        Ok(written)
+        with_frame_slices(header, parts, offset, len, sent, |slices| {
+            let (written, sleeping) = lane.write(slices)?;
+            if sleeping {
+                // A full socket is readable already, which wakes the poller as well.
+                let _ = send_vectored(&link.stream, &[IoSlice::new(&[0])]);
+            }
+            Ok(written)
+        })
     }
 
     pub(super) fn shutdown(&self) {

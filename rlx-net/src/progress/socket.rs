@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::frame::HEADER_LEN;
 
 /// Most slices one vectored write takes.
-pub(super) const MAX_IOV: usize = 16;
+const MAX_IOV: usize = 16;
 
 thread_local! {
     /// Each thread's `poll(2)` array, reused across calls.
@@ -99,16 +99,18 @@ pub(super) fn send_vectored(stream: &TcpStream, slices: &[IoSlice<'_>]) -> io::R
     }
 }
 
-/// Fills `slices` with what is left of one frame (header, then bytes `offset..offset+len` of
-/// the concatenated `parts`) after its first `sent` bytes; returns how many slices it used.
-pub(super) fn frame_slices<'a>(
-    header: &'a [u8; HEADER_LEN],
-    parts: &[&'a [u8]],
+/// Hands `write` what is left of one frame (header, then bytes `offset..offset+len` of the
+/// concatenated `parts`) after its first `sent` bytes, as at most [`MAX_IOV`] slices, and
+/// returns what it wrote; 0 without calling it when nothing is left.
+pub(super) fn with_frame_slices(
+    header: &[u8; HEADER_LEN],
+    parts: &[&[u8]],
     offset: u64,
     len: u64,
     sent: u64,
-    slices: &mut [IoSlice<'a>; MAX_IOV],
-) -> usize {
+    write: impl FnOnce(&[IoSlice<'_>]) -> io::Result<usize>,
+) -> io::Result<usize> {
+    let mut slices: [IoSlice<'_>; MAX_IOV] = [IoSlice::new(&[]); MAX_IOV];
     let mut n = 0;
     if sent < HEADER_LEN as u64 {
         slices[0] = IoSlice::new(&header[sent as usize..]);
@@ -135,7 +137,10 @@ pub(super) fn frame_slices<'a>(
         }
         part_start = part_end;
     }
-    n
+    if n == 0 {
+        return Ok(0);
+    }
+    write(&slices[..n])
 }
 
 /// Writing one byte to a non-blocking wake-up socket: a full buffer already means "awake".

@@ -403,3 +403,50 @@ pub(crate) fn wait_established(port: u16, n: usize) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `rounds` rounds of one-byte messages between every pair (tags 50, 51, ...): after the first
+/// every peer has read this rank's first link, and so has taken its offer, and after the
+/// second this rank's next send to it goes through its lane.
+pub(crate) fn settle(t: &dyn rlx_transport::Transport, rounds: u32) -> Result<(), String> {
+    let (rank, n) = (t.rank(), t.world_size());
+    for round in 0..rounds {
+        for peer in (0..n).filter(|&p| p != rank) {
+            t.send_bytes(peer, 50 + round, &[rank as u8])
+                .map_err(|e| e.to_string())?;
+        }
+        for peer in (0..n).filter(|&p| p != rank) {
+            t.recv_bytes(peer, 50 + round).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+/// Every size of `sizes` by exchange around the ring (to the next rank, from the previous)
+/// into a posted buffer 5 bytes longer than the message, checked byte for byte and for the
+/// untouched tail.
+pub(crate) fn exchange_ring_exact(
+    t: &dyn rlx_transport::Transport,
+    sizes: &[usize],
+) -> Result<(), String> {
+    let (rank, n) = (t.rank(), t.world_size());
+    let e = |what: &str, err: rlx_transport::CollectiveError| format!("rank {rank}, {what}: {err}");
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    for (i, &len) in sizes.iter().enumerate() {
+        let index = 100 + i as u64;
+        let outgoing = pattern(rank, index, len);
+        let mut buf = vec![0xEE; len + 5];
+        let tag = rlx_transport::Tag::user(20).map_err(|err| e("tag", err))?;
+        let got = t
+            .send_recv_into(next, prev, tag, &[&outgoing], &mut buf, t.op_timeout())
+            .map_err(|err| e("exchange", err))?;
+        if got != Some(len)
+            || buf[..len] != pattern(prev, index, len)[..]
+            || buf[len..].iter().any(|&b| b != 0xEE)
+        {
+            return Err(format!(
+                "rank {rank}: exchange of {len} bytes from rank {prev} differs ({got:?})"
+            ));
+        }
+    }
+    Ok(())
+}
