@@ -62,6 +62,12 @@ const LEFT_OUT: &[(&str, &str)] = &[
         "a_flood_for_a_tag_nobody_receives_is_bounded_by_the_budget",
         "bounds resident memory, which under the sanitizer includes its shadow memory",
     ),
+    (
+        "a_rank_stuck_sending_to_the_stalled_rank_is_not_blamed",
+        "races 1 s operation timeouts against a 0.6 s head start; under the slowdown the stuck \
+         send times out, or the probe about it is answered, on the wrong side of those deadlines \
+         (half of the runs, with shared-memory lanes on or off)",
+    ),
 ];
 
 /// The test targets ThreadSanitizer runs: (package, targets). Quick mode keeps the suites
