@@ -69,13 +69,45 @@ fn exchange_worker(idle: bool) -> Result<(), String> {
     println!("ready");
     let rank = t.rank();
     let peers = Arc::clone(&t);
-    common::until_first_failure(&t, Duration::from_millis(1500), move |peer| {
+    common::until_first_failure(&t, linger(), move |peer| {
         if idle {
             wait_forever(&*peers, peer)
         } else {
             exchange(&*peers, rank, peer)
         }
     })
+}
+
+/// Like the transfer of [`exchange_worker`], but one way: every survivor only sends to the
+/// victim, which only receives, and the survivors wait on each other for a message nobody
+/// sends. A survivor thus always has data in flight towards the victim when its cable is cut
+/// (an exchange may be cut while the survivor waits to receive, with nothing unacknowledged).
+fn push_worker() -> Result<(), String> {
+    let t = Arc::new(transport_from_env()?);
+    t.barrier().map_err(|e| format!("first barrier: {e}"))?;
+    println!("ready");
+    let rank = t.rank();
+    let peers = Arc::clone(&t);
+    common::until_first_failure(&t, linger(), move |peer| {
+        if rank == VICTIM {
+            drain(&*peers, peer)
+        } else if peer == VICTIM {
+            push(&*peers, rank, peer)
+        } else {
+            wait_forever(&*peers, peer)
+        }
+    })
+}
+
+/// How long a worker lingers after its first failure before it ends its links, so that the
+/// other survivors see the loss themselves rather than this process's end:
+/// `RLX_NET_TEST_LINGER_MS`, 1.5 s unless set.
+fn linger() -> Duration {
+    let ms = std::env::var("RLX_NET_TEST_LINGER_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_500);
+    Duration::from_millis(ms)
 }
 
 /// The worker's transport from the environment; with `RLX_NET_TEST_USER_TIMEOUT_MS` set (by
@@ -135,6 +167,37 @@ fn exchange(t: &dyn Transport, rank: u32, peer: u32) -> CollectiveError {
             Err(e) => return e,
         }
         thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Sends checked messages to `peer` until a send fails.
+fn push(t: &dyn Transport, rank: u32, peer: u32) -> CollectiveError {
+    let out = pattern(rank, 0, LEN);
+    loop {
+        if let Err(e) = t.send_bytes(peer, 1, &out) {
+            return e;
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Receives and checks the messages of [`push`] from `peer` until a receive fails.
+fn drain(t: &dyn Transport, peer: u32) -> CollectiveError {
+    let want = pattern(peer, 0, LEN);
+    let mut buf = vec![0u8; LEN];
+    let tag = match Tag::user(1) {
+        Ok(tag) => tag,
+        Err(e) => return e,
+    };
+    loop {
+        match t.recv_message_into(peer, tag, &mut buf, t.op_timeout()) {
+            Ok(Some(len)) if len == LEN && buf == want => {}
+            Ok(None) => return timed_out(t, peer),
+            Ok(other) => {
+                return CollectiveError::protocol(Some(peer), format!("wrong message: {other:?}"));
+            }
+            Err(e) => return e,
+        }
     }
 }
 
@@ -245,6 +308,7 @@ fn worker(role: &str) -> Result<(), String> {
     match role {
         "transfer" => exchange_worker(false),
         "idle" => exchange_worker(true),
+        "push" => push_worker(),
         "stops_itself" => stopping_worker(),
         other => Err(format!("unknown role {other}")),
     }
@@ -474,7 +538,8 @@ const KERNEL_OP_TIMEOUT_MS: u128 = 15_000;
 /// What the kernel alone notices, with heartbeats off, under a 15 s operation timeout: a
 /// stopped process keeps acknowledging from its kernel, so nothing but the operation timeout
 /// ends the wait, with or without `TCP_USER_TIMEOUT`; a pulled cable is noticed by a 5 s user
-/// timeout only where data is unacknowledged (during a transfer, not while idle), and without
+/// timeout only where data is unacknowledged (by a survivor pushing data at the victim, not
+/// while idle, nor by one that waited to receive when the cable went), and without
 /// one not before TCP's retransmissions give up (about 15 minutes). And a user timeout shorter
 /// than a computation makes a live peer look dead: Linux applies it to zero-window probes.
 /// This is why the links beat instead (the scenarios above).
@@ -485,7 +550,7 @@ fn the_kernel_alone_misses_what_heartbeats_catch() {
         ("idle", None, Some(5_000), KernelSees::Nothing),
         ("transfer", Some(Cut::LinkDown), None, KernelSees::Nothing),
         (
-            "transfer",
+            "push",
             Some(Cut::LinkDown),
             Some(5_000),
             KernelSees::UserTimeout,
@@ -513,6 +578,11 @@ fn the_kernel_alone_misses_what_heartbeats_catch() {
         ];
         if let Some(ms) = user_timeout {
             extra.push(("RLX_NET_TEST_USER_TIMEOUT_MS".to_owned(), ms.to_string()));
+        }
+        if expected == KernelSees::UserTimeout {
+            // Both survivors' user timeouts run from the cut; a survivor that ends 1.5 s after
+            // its own could still end the other's wait first on a loaded machine.
+            extra.push(("RLX_NET_TEST_LINGER_MS".to_owned(), "6000".to_owned()));
         }
         let (mut survivors, victim, _lines) = start_world(
             role,
