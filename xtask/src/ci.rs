@@ -2,11 +2,10 @@
 
 use clap::Args;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use crate::cluster::{ClusterArgs, Scenario};
-use crate::cmd::{cargo, run_step, workspace_root};
+use crate::cmd::{cargo, mlx_python, run_step, workspace_root};
 use crate::launch::{self, LaunchArgs};
 use crate::world::{TransportKind, WorldArgs};
 use crate::{bench, cluster, loom, macos, sanitize};
@@ -246,28 +245,6 @@ fn examples() -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// The Python through which the MLX backend's build finds MLX: `target/mlx-venv`'s, after
-/// installing `mlx[cpu]` there unless MLX is found (there, or through `MLX_DIR`).
-pub(crate) fn mlx_python(root: &Path) -> Result<PathBuf, String> {
-    let venv = root.join("target").join("mlx-venv");
-    let python = venv.join("bin").join("python");
-    let has_mlx = Command::new(&python)
-        .args(["-c", "import mlx.core"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if std::env::var_os("MLX_DIR").is_none() && !has_mlx {
-        run_step(
-            "mlx venv",
-            Command::new("python3").args(["-m", "venv"]).arg(&venv),
-        )?;
-        run_step(
-            "mlx install",
-            Command::new(venv.join("bin").join("pip")).args(["install", "--quiet", "mlx[cpu]"]),
-        )?;
-    }
-    Ok(python)
 }
 
 /// MLX: installs `mlx[cpu]` into `target/mlx-venv` unless MLX is found, then lints and runs the

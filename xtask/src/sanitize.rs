@@ -195,7 +195,7 @@ fn thread(root: &Path, quick: bool) -> Result<(), String> {
 /// compiled with `-fsanitize=address` too. Leak detection is off: MLX and the Python runtime
 /// it is found through keep allocations alive until exit by design.
 fn address(root: &Path) -> Result<(), String> {
-    let python = crate::ci::mlx_python(root)?;
+    let python = crate::cmd::mlx_python(root)?;
     let mut command = sanitized_test(root, "address");
     command
         .env("PYTHON", &python)

@@ -37,8 +37,6 @@ use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
-use super::Engine;
-use super::link::Link;
 use super::shared_memory::{self, SharedMap};
 
 /// Bytes before the ring: the words, each on a cache line of its own, and padding up to a page,
@@ -261,16 +259,6 @@ impl LaneIn {
     /// Says that the reader is awake again: senders need not wake it.
     pub(super) fn wake(&self) {
         word(&self.map, SLEEPING_AT).store(0, Ordering::Relaxed);
-    }
-}
-
-impl Engine {
-    /// Whether link 0 from `peer` reads its shared-memory lane (for tests and tools).
-    pub(crate) fn reads_lane_from(&self, peer: u32) -> bool {
-        match self.peers.get(peer as usize) {
-            Some(Some(io)) => io.links.first().is_some_and(Link::on_lane),
-            _ => false,
-        }
     }
 }
 

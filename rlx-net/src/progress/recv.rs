@@ -114,6 +114,16 @@ impl Links for Engine {
 }
 
 impl Engine {
+    /// Whether link 0 from `peer` reads its shared-memory lane (for tests and tools).
+    pub(crate) fn reads_lane_from(&self, peer: u32) -> bool {
+        match self.peers.get(peer as usize) {
+            Some(Some(io)) => io.links.first().is_some_and(Link::on_lane),
+            _ => false,
+        }
+    }
+}
+
+impl Engine {
     /// The deadline passed while this thread reads for its own receive: withdraw it, and if
     /// its message was landing in the caller's buffer, point the links mid-stripe at the owned
     /// copy the matching state made.
