@@ -59,42 +59,29 @@ fn rounds() -> u32 {
         .unwrap_or(1)
 }
 
-/// One thread per peer, each exchanging checked messages with its peer (`idle` false) or
-/// waiting for a message that never comes (`idle` true), until one fails; prints the first
-/// failure and when it came, lingers so the other survivors see the loss themselves, then
-/// aborts and joins.
-fn exchange_worker(idle: bool) -> Result<(), String> {
+/// One thread per peer, each running the role's traffic with its peer until one fails; prints
+/// the first failure and when it came, lingers so the other survivors see the loss themselves,
+/// then aborts and joins. The roles:
+/// - `transfer`: checked messages both ways with every peer;
+/// - `idle`: a wait for a message that never comes;
+/// - `push`: one way, every survivor only sends to the victim, which only receives, while the
+///   survivors wait on each other for a message nobody sends. A survivor thus always has data
+///   in flight towards the victim when its cable is cut (in an exchange it may be cut while it
+///   waits to receive, with nothing unacknowledged).
+fn traffic_worker(role: &str) -> Result<(), String> {
     let t = Arc::new(transport_from_env()?);
     t.barrier().map_err(|e| format!("first barrier: {e}"))?;
     println!("ready");
     let rank = t.rank();
     let peers = Arc::clone(&t);
+    let role = role.to_owned();
     common::until_first_failure(&t, linger(), move |peer| {
-        if idle {
-            wait_forever(&*peers, peer)
-        } else {
-            exchange(&*peers, rank, peer)
-        }
-    })
-}
-
-/// Like the transfer of [`exchange_worker`], but one way: every survivor only sends to the
-/// victim, which only receives, and the survivors wait on each other for a message nobody
-/// sends. A survivor thus always has data in flight towards the victim when its cable is cut
-/// (an exchange may be cut while the survivor waits to receive, with nothing unacknowledged).
-fn push_worker() -> Result<(), String> {
-    let t = Arc::new(transport_from_env()?);
-    t.barrier().map_err(|e| format!("first barrier: {e}"))?;
-    println!("ready");
-    let rank = t.rank();
-    let peers = Arc::clone(&t);
-    common::until_first_failure(&t, linger(), move |peer| {
-        if rank == VICTIM {
-            drain(&*peers, peer)
-        } else if peer == VICTIM {
-            push(&*peers, rank, peer)
-        } else {
-            wait_forever(&*peers, peer)
+        let t = &*peers;
+        match (role.as_str(), rank == VICTIM, peer == VICTIM) {
+            ("idle", _, _) | ("push", false, false) => wait_forever(t, peer),
+            ("push", true, _) => traffic(t, rank, peer, false, true),
+            ("push", false, true) => traffic(t, rank, peer, true, false),
+            _ => traffic(t, rank, peer, true, true),
         }
     })
 }
@@ -145,8 +132,9 @@ fn user_timeout(socket: &socket2::Socket, after: Duration) -> std::io::Result<()
     ));
 }
 
-/// Sends and receives checked messages with `peer` until something fails.
-fn exchange(t: &dyn Transport, rank: u32, peer: u32) -> CollectiveError {
+/// Sends checked messages to `peer` (when `send`) and receives and checks `peer`'s (when
+/// `receive`), in turns, until something fails.
+fn traffic(t: &dyn Transport, rank: u32, peer: u32, send: bool, receive: bool) -> CollectiveError {
     let out = pattern(rank, 0, LEN);
     let want = pattern(peer, 0, LEN);
     let mut buf = vec![0u8; LEN];
@@ -155,48 +143,26 @@ fn exchange(t: &dyn Transport, rank: u32, peer: u32) -> CollectiveError {
         Err(e) => return e,
     };
     loop {
-        if let Err(e) = t.send_bytes(peer, 1, &out) {
-            return e;
-        }
-        match t.recv_message_into(peer, tag, &mut buf, t.op_timeout()) {
-            Ok(Some(len)) if len == LEN && buf == want => {}
-            Ok(None) => return timed_out(t, peer),
-            Ok(other) => {
-                return CollectiveError::protocol(Some(peer), format!("wrong message: {other:?}"));
+        if send {
+            if let Err(e) = t.send_bytes(peer, 1, &out) {
+                return e;
             }
-            Err(e) => return e,
         }
-        thread::sleep(Duration::from_millis(2));
-    }
-}
-
-/// Sends checked messages to `peer` until a send fails.
-fn push(t: &dyn Transport, rank: u32, peer: u32) -> CollectiveError {
-    let out = pattern(rank, 0, LEN);
-    loop {
-        if let Err(e) = t.send_bytes(peer, 1, &out) {
-            return e;
-        }
-        thread::sleep(Duration::from_millis(2));
-    }
-}
-
-/// Receives and checks the messages of [`push`] from `peer` until a receive fails.
-fn drain(t: &dyn Transport, peer: u32) -> CollectiveError {
-    let want = pattern(peer, 0, LEN);
-    let mut buf = vec![0u8; LEN];
-    let tag = match Tag::user(1) {
-        Ok(tag) => tag,
-        Err(e) => return e,
-    };
-    loop {
-        match t.recv_message_into(peer, tag, &mut buf, t.op_timeout()) {
-            Ok(Some(len)) if len == LEN && buf == want => {}
-            Ok(None) => return timed_out(t, peer),
-            Ok(other) => {
-                return CollectiveError::protocol(Some(peer), format!("wrong message: {other:?}"));
+        if receive {
+            match t.recv_message_into(peer, tag, &mut buf, t.op_timeout()) {
+                Ok(Some(len)) if len == LEN && buf == want => {}
+                Ok(None) => return timed_out(t, peer),
+                Ok(other) => {
+                    return CollectiveError::protocol(
+                        Some(peer),
+                        format!("wrong message: {other:?}"),
+                    );
+                }
+                Err(e) => return e,
             }
-            Err(e) => return e,
+        }
+        if send {
+            thread::sleep(Duration::from_millis(2));
         }
     }
 }
@@ -306,9 +272,7 @@ fn timed_out(t: &dyn Transport, peer: u32) -> CollectiveError {
 
 fn worker(role: &str) -> Result<(), String> {
     match role {
-        "transfer" => exchange_worker(false),
-        "idle" => exchange_worker(true),
-        "push" => push_worker(),
+        "transfer" | "idle" | "push" => traffic_worker(role),
         "stops_itself" => stopping_worker(),
         other => Err(format!("unknown role {other}")),
     }
