@@ -121,9 +121,7 @@ impl Engine {
             _ => false,
         }
     }
-}
 
-impl Engine {
     /// The deadline passed while this thread reads for its own receive: withdraw it, and if
     /// its message was landing in the caller's buffer, point the links mid-stripe at the owned
     /// copy the matching state made.
