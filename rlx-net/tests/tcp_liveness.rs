@@ -53,10 +53,15 @@ const NEVER: u32 = 2;
 
 /// Rounds of each multi-process scenario.
 fn rounds() -> u32 {
-    std::env::var("RLX_NET_TEST_LIVENESS_ROUNDS")
+    env_number("RLX_NET_TEST_LIVENESS_ROUNDS", 1) as u32
+}
+
+/// The number in the environment variable `name`, or `default` when it is unset or no number.
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1)
+        .unwrap_or(default)
 }
 
 /// One thread per peer, each running the role's traffic with its peer until one fails; prints
@@ -79,9 +84,9 @@ fn traffic_worker(role: &str) -> Result<(), String> {
         let t = &*peers;
         match (role.as_str(), rank == VICTIM, peer == VICTIM) {
             ("idle", _, _) | ("push", false, false) => wait_forever(t, peer),
-            ("push", true, _) => traffic(t, rank, peer, false, true),
-            ("push", false, true) => traffic(t, rank, peer, true, false),
-            _ => traffic(t, rank, peer, true, true),
+            ("push", true, _) => traffic(t, rank, peer, Flow::Receive),
+            ("push", false, true) => traffic(t, rank, peer, Flow::Send),
+            _ => traffic(t, rank, peer, Flow::Both),
         }
     })
 }
@@ -90,11 +95,7 @@ fn traffic_worker(role: &str) -> Result<(), String> {
 /// other survivors see the loss themselves rather than this process's end:
 /// `RLX_NET_TEST_LINGER_MS`, 1.5 s unless set.
 fn linger() -> Duration {
-    let ms = std::env::var("RLX_NET_TEST_LINGER_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1_500);
-    Duration::from_millis(ms)
+    Duration::from_millis(env_number("RLX_NET_TEST_LINGER_MS", 1_500))
 }
 
 /// The worker's transport from the environment; with `RLX_NET_TEST_USER_TIMEOUT_MS` set (by
@@ -132,9 +133,22 @@ fn user_timeout(socket: &socket2::Socket, after: Duration) -> std::io::Result<()
     ));
 }
 
-/// Sends checked messages to `peer` (when `send`) and receives and checks `peer`'s (when
-/// `receive`), in turns, until something fails.
-fn traffic(t: &dyn Transport, rank: u32, peer: u32, send: bool, receive: bool) -> CollectiveError {
+/// Which way [`traffic`]'s messages go.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    /// To the peer only.
+    Send,
+    /// From the peer only.
+    Receive,
+    /// Both ways, a send then a receive.
+    Both,
+}
+
+/// Sends checked messages to `peer` and receives and checks `peer`'s, in turns or one way as
+/// `flow` says, until something fails.
+fn traffic(t: &dyn Transport, rank: u32, peer: u32, flow: Flow) -> CollectiveError {
+    let send = flow != Flow::Receive;
+    let receive = flow != Flow::Send;
     let out = pattern(rank, 0, LEN);
     let want = pattern(peer, 0, LEN);
     let mut buf = vec![0u8; LEN];
