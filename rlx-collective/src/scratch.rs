@@ -9,18 +9,16 @@
 
 use std::cell::RefCell;
 
-/// Largest scratch buffer (bytes) a thread keeps between calls: a segment of [`MAX_KEPT_SEGMENT`]
-/// elements widened to twice their size (4 MiB of f16 is 8 MiB of f32). The larger ones that i8
-/// and u8 widen into (8 bytes per element) are freed after the call rather than held by every
-/// thread that ever reduced.
-const KEEP_LIMIT: usize = 2 * MAX_KEPT_SEGMENT;
+use rlx_transport::MAX_SEGMENT_HINT;
 
-/// The largest segment (bytes) whose buffers a thread keeps. Segments are
-/// [`LARGE_SEGMENT_BYTES`](crate::select::LARGE_SEGMENT_BYTES) at most unless the transport
-/// hints larger ones, as TCP does among ranks of one host (4 MiB, read by single copy). Below
-/// that size, the 4 MiB buffers of those segments were freed after every call, and a 4-rank
-/// all-reduce of 32 MiB spent about 15% of its CPU time faulting in and zeroing fresh pages.
-const MAX_KEPT_SEGMENT: usize = 4 << 20;
+/// Largest scratch buffer (bytes) a thread keeps between calls: a segment of the largest size
+/// the collectives cut (a transport's hint up to [`MAX_SEGMENT_HINT`], 4 MiB, which TCP gives
+/// among ranks of one host) widened to twice its size (4 MiB of f16 is 8 MiB of f32). The larger
+/// ones that i8 and u8 widen into (8 bytes per element) are freed after the call rather than
+/// held by every thread that ever reduced. With a limit below the hinted segments, their buffers
+/// were freed after every call, and a 4-rank all-reduce of 32 MiB spent about 15% of its CPU time
+/// faulting in and zeroing fresh pages.
+const KEEP_LIMIT: usize = 2 * MAX_SEGMENT_HINT;
 
 thread_local! {
     /// The scratch buffers the last reducing operation on this thread left behind.

@@ -37,6 +37,7 @@ use std::fmt;
 
 use crate::all_reduce::one_sided::region;
 use crate::{CollectiveError, Result};
+use rlx_transport::MAX_SEGMENT_HINT;
 
 /// Largest buffer (bytes) that takes the latency-optimal algorithms.
 pub const SMALL_MESSAGE_BYTES: usize = 32 * 1024;
@@ -238,7 +239,7 @@ impl Settings {
         } else {
             SEGMENT_BYTES
         };
-        let measured = hint.map_or(measured, |h| h.max(measured));
+        let measured = hint.map_or(measured, |h| h.min(MAX_SEGMENT_HINT).max(measured));
         let capped = self
             .max_segment_bytes
             .map_or(measured, |cap| cap.min(measured));
@@ -312,6 +313,7 @@ mod tests {
         // A transport's hint raises the segment, never lowers it.
         assert_eq!(s.segment_bytes(32 << 20, 4, Some(4 << 20)), 4 << 20);
         assert_eq!(s.segment_bytes(32 << 20, 4, Some(1)), SEGMENT_BYTES);
+        assert_eq!(s.segment_bytes(32 << 20, 4, Some(64 << 20)), MAX_SEGMENT_HINT);
         assert_eq!(s.broadcast(1 << 20, 2), Algorithm::BinomialTree);
         assert_eq!(s.broadcast(1 << 20, 3), Algorithm::PipelinedChain);
     }

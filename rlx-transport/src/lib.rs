@@ -58,5 +58,6 @@ pub use mem::{MemJoiner, MemTransport};
 pub use symmetric::{Region, Symmetric, SymmetricTransport};
 pub use tag::{EXCLUSION_TAG, TAG_RESERVED_BASE, TRANSPORT_GROUP, Tag};
 pub use transport::{
-    DEFAULT_OP_TIMEOUT, FAILURE_WIRE_LEN, Failure, NativeCollectives, NativeOp, Traffic, Transport,
+    DEFAULT_OP_TIMEOUT, FAILURE_WIRE_LEN, Failure, MAX_SEGMENT_HINT, NativeCollectives, NativeOp,
+    Traffic, Transport,
 };

@@ -14,6 +14,11 @@ use crate::{CollectiveError, DType, ReduceKind, Result, TRANSPORT_GROUP, Tag};
 /// `RLX_TIMEOUT_MS` overrides it in the launchers).
 pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// The largest segment (bytes) the collectives cut their buffers into on a transport's
+/// [`Transport::segment_hint`]; a larger hint counts as this. The collectives keep their
+/// reusable segment buffers up to this size, so that no call faults in fresh pages for them.
+pub const MAX_SEGMENT_HINT: usize = 4 << 20;
+
 /// Counters of the messages a transport moved between this rank and the others since it was
 /// built (messages to itself are not counted): see [`Transport::traffic`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -152,7 +157,7 @@ pub trait Transport: Send + Sync {
     /// answer for the same members: base it on facts both ends of every link see alike (where
     /// the peers run), never on a setting of one rank's. A transport whose messages between
     /// processes of one host cost a round trip each and no pipelining (a single-copy path)
-    /// says so here.
+    /// says so here. Hints above [`MAX_SEGMENT_HINT`] count as that.
     fn segment_hint(&self, members: &[u32]) -> Option<usize> {
         let _ = members;
         None

@@ -84,8 +84,9 @@ pub(crate) const DESCRIPTOR_LEN: usize = 48 + 16 * MAX_PARTS;
 /// the copy it saves.
 pub(crate) const DEFAULT_MIN_SINGLE_COPY: u64 = 256 << 10;
 
-/// The segment size pipelined collectives use among ranks that all run on this host.
-const ONE_HOST_SEGMENT: usize = 4 << 20;
+/// The segment size pipelined collectives use among ranks that all run on this host: the
+/// largest they follow.
+const ONE_HOST_SEGMENT: usize = rlx_transport::MAX_SEGMENT_HINT;
 
 /// How fast the sender expects the receiver to copy, to decide how long it spins for the
 /// `taken` word before it sleeps between looks (a conservative memory-copy rate).
