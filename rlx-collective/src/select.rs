@@ -313,7 +313,10 @@ mod tests {
         // A transport's hint raises the segment, never lowers it.
         assert_eq!(s.segment_bytes(32 << 20, 4, Some(4 << 20)), 4 << 20);
         assert_eq!(s.segment_bytes(32 << 20, 4, Some(1)), SEGMENT_BYTES);
-        assert_eq!(s.segment_bytes(32 << 20, 4, Some(64 << 20)), MAX_SEGMENT_HINT);
+        assert_eq!(
+            s.segment_bytes(32 << 20, 4, Some(64 << 20)),
+            MAX_SEGMENT_HINT
+        );
         assert_eq!(s.broadcast(1 << 20, 2), Algorithm::BinomialTree);
         assert_eq!(s.broadcast(1 << 20, 3), Algorithm::PipelinedChain);
     }
