@@ -3,11 +3,13 @@
 //! reports, for each peer, the local interface and address the kernel routes to it through,
 //! that interface's MTU, whether it is wireless or loopback, the round-trip time (median and
 //! p99 of 8-byte ping-pongs), the bandwidth of a 32 MiB transfer over one socket and over the
-//! configured sockets per peer (`RLX_SOCKETS_PER_PEER`), and the clock skew; plus its
-//! host, its Thunderbolt links, its version and compiled backends. The launcher prints the
-//! matrix and advice, and flags every pair whose route leaves through a wireless interface,
-//! through loopback between two hosts, or through an interface the configured
-//! `RLX_SOCKET_IFNAME`/`RLX_TB_IFNAME` does not name.
+//! configured sockets per peer (`RLX_SOCKETS_PER_PEER`), the TCP segments the sender had to
+//! send again during that transfer (Linux only), and the clock skew; plus its host, its
+//! Thunderbolt links, its version and compiled backends. The launcher prints the matrix and
+//! advice, and flags every pair whose route leaves through a wireless interface, through
+//! loopback between two hosts, or through an interface the configured
+//! `RLX_SOCKET_IFNAME`/`RLX_TB_IFNAME` does not name, and every pair whose link drops or
+//! reorders packets.
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
@@ -65,8 +67,57 @@ pub(crate) struct PeerReport {
     pub(crate) gbytes_per_s: Option<f64>,
     /// Over the configured sockets per peer, when that is more than one.
     pub(crate) gbytes_per_s_configured: Option<f64>,
+    /// TCP segments this host sent during the one-socket bandwidth transfer, and how many of
+    /// them were sends again of lost or reordered ones (the host's counters, so other traffic
+    /// of this host counts too; Linux only).
+    pub(crate) segments: Option<Segments>,
     /// The peer's clock minus this rank's, estimated from the ping-pongs.
     pub(crate) skew_us: Option<f64>,
+}
+
+/// A host's TCP segment counters over one measurement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Segments {
+    pub(crate) sent: u64,
+    pub(crate) retransmitted: u64,
+}
+
+impl Segments {
+    /// The counters of this network namespace, from the `Tcp:` lines of `/proc/net/snmp`.
+    fn now() -> Option<Segments> {
+        parse_tcp_counters(&std::fs::read_to_string("/proc/net/snmp").ok()?)
+    }
+
+    /// What was counted between `self` and `later`.
+    fn until(self, later: Segments) -> Segments {
+        Segments {
+            sent: later.sent.saturating_sub(self.sent),
+            retransmitted: later.retransmitted.saturating_sub(self.retransmitted),
+        }
+    }
+
+    /// Whether the link lost or reordered enough packets to stall operations now and then. A
+    /// healthy wired link sends nothing again in a transfer of this size; one in ten thousand
+    /// segments already costs a ring collective whole round trips (and at worst a
+    /// retransmission timeout of 200 ms) a few times per gigabyte.
+    fn lossy(self) -> bool {
+        self.retransmitted >= 10 && self.retransmitted * 10_000 >= self.sent
+    }
+}
+
+/// `OutSegs` and `RetransSegs` from `/proc/net/snmp`, whose `Tcp:` counters come as a line of
+/// names followed by a line of values.
+fn parse_tcp_counters(snmp: &str) -> Option<Segments> {
+    let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
+    let (names, values) = (tcp.next()?, tcp.next()?);
+    let value = |name: &str| {
+        let at = names.split_whitespace().position(|n| n == name)?;
+        values.split_whitespace().nth(at)?.parse().ok()
+    };
+    Some(Segments {
+        sent: value("OutSegs")?,
+        retransmitted: value("RetransSegs")?,
+    })
 }
 
 /// One rank's report.
@@ -161,10 +212,23 @@ pub(crate) fn advise(reports: &[RankReport]) -> Vec<String> {
     let hosts: std::collections::BTreeSet<&str> = reports.iter().map(|r| r.host.as_str()).collect();
     for report in reports {
         for peer in &report.peers {
+            let pair = format!("rank {} ↔ {}", report.rank, peer.peer);
+            if let Some(segments) = peer.segments.filter(|s| s.lossy()) {
+                advice.push(format!(
+                    "{pair}: rank {} sent {} of {} TCP segments again during the bandwidth \
+                     test ({}): the link drops or reorders packets, and operations over it will \
+                     stall now and then; look at the interface's error and drop counters (`ip \
+                     -s link`), the cable, and the driver's offloads (a virtual link such as \
+                     veth reorders packets that different cores handle)",
+                    report.rank,
+                    segments.retransmitted,
+                    segments.sent,
+                    percent(segments),
+                ));
+            }
             let Some(interface) = &peer.interface else {
                 continue;
             };
-            let pair = format!("rank {} ↔ {}", report.rank, peer.peer);
             let tb = report.thunderbolt_links.first();
             if peer.wireless {
                 let fix = match tb {
@@ -224,7 +288,7 @@ pub(crate) fn render(reports: &[RankReport], advice: &[String]) -> String {
     }
     let _ = writeln!(
         out,
-        "\n{:<9} {:<22} {:<14} {:>6} {:>10} {:>10} {:>9} {:>12} {:>10}",
+        "\n{:<9} {:<22} {:<14} {:>6} {:>10} {:>10} {:>9} {:>12} {:>10} {:>10}",
         "pair",
         "peer address",
         "interface",
@@ -233,6 +297,7 @@ pub(crate) fn render(reports: &[RankReport], advice: &[String]) -> String {
         "rtt p99",
         "GB/s",
         "GB/s (cfg)",
+        "resent",
         "skew"
     );
     let rate = |g: Option<f64>| g.map_or_else(|| "-".to_owned(), |g| format!("{g:.2}"));
@@ -241,7 +306,7 @@ pub(crate) fn render(reports: &[RankReport], advice: &[String]) -> String {
         for p in r.peers.iter().filter(|p| p.rtt_median_us.is_some()) {
             let _ = writeln!(
                 out,
-                "{:<9} {:<22} {:<14} {:>6} {:>10} {:>10} {:>9} {:>12} {:>10}",
+                "{:<9} {:<22} {:<14} {:>6} {:>10} {:>10} {:>9} {:>12} {:>10} {:>10}",
                 format!("{} ↔ {}", r.rank, p.peer),
                 p.addr.as_deref().unwrap_or("-"),
                 p.interface.as_deref().unwrap_or("-"),
@@ -250,6 +315,7 @@ pub(crate) fn render(reports: &[RankReport], advice: &[String]) -> String {
                 us(p.rtt_p99_us),
                 rate(p.gbytes_per_s),
                 rate(p.gbytes_per_s_configured),
+                p.segments.map_or_else(|| "-".to_owned(), percent),
                 us(p.skew_us),
             );
         }
@@ -263,6 +329,12 @@ pub(crate) fn render(reports: &[RankReport], advice: &[String]) -> String {
         }
     }
     out
+}
+
+/// The share of segments sent again, as the matrix and the advice print it.
+fn percent(segments: Segments) -> String {
+    let share = segments.retransmitted as f64 * 100.0 / segments.sent.max(1) as f64;
+    format!("{share:.3}%")
 }
 
 /// The rank side (`__doctor-rank`): joins the job, measures every pair, prints its report.
@@ -282,10 +354,11 @@ pub(crate) fn rank_main() -> Result<(), String> {
                 let slot = peers.iter_mut().find(|p| p.peer == b);
                 let measured = measure_as_initiator(&t, b)?;
                 if let Some(slot) = slot {
-                    slot.rtt_median_us = Some(measured.0);
-                    slot.rtt_p99_us = Some(measured.1);
-                    slot.skew_us = Some(measured.2);
-                    slot.gbytes_per_s = Some(measured.3);
+                    slot.rtt_median_us = Some(measured.rtt_median_us);
+                    slot.rtt_p99_us = Some(measured.rtt_p99_us);
+                    slot.skew_us = Some(measured.skew_us);
+                    slot.gbytes_per_s = Some(measured.gbytes_per_s);
+                    slot.segments = measured.segments;
                 }
             } else if me == b {
                 measure_as_responder(&t, a)?;
@@ -322,11 +395,17 @@ fn now_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// RTT median and p99 and skew (µs), and bandwidth (GB/s) towards `peer`.
-fn measure_as_initiator(
-    t: &rlx_net::TcpTransport,
-    peer: u32,
-) -> Result<(f64, f64, f64, f64), String> {
+/// What the lower rank of a pair measures towards the other.
+struct Measured {
+    rtt_median_us: f64,
+    rtt_p99_us: f64,
+    skew_us: f64,
+    gbytes_per_s: f64,
+    segments: Option<Segments>,
+}
+
+/// Ping-pongs, then a bandwidth transfer, towards `peer`.
+fn measure_as_initiator(t: &rlx_net::TcpTransport, peer: u32) -> Result<Measured, String> {
     use rlx_transport::Transport;
 
     let mut rtts = Vec::with_capacity(PINGS);
@@ -349,19 +428,21 @@ fn measure_as_initiator(
     rtts.sort_by(f64::total_cmp);
     skews.sort_by(f64::total_cmp);
     let chunk = vec![0x5Au8; CHUNK];
+    let before = Segments::now();
     let started = Instant::now();
     for _ in 0..TRANSFER / CHUNK {
         t.send_bytes(peer, DATA_TAG, &chunk)
             .map_err(|e| e.to_string())?;
     }
     t.recv_bytes(peer, DATA_TAG).map_err(|e| e.to_string())?;
-    let gbytes = TRANSFER as f64 / started.elapsed().as_secs_f64() / 1e9;
-    Ok((
-        rtts[rtts.len() / 2],
-        rtts[rtts.len() * 99 / 100],
-        skews[skews.len() / 2],
-        gbytes,
-    ))
+    let gbytes_per_s = TRANSFER as f64 / started.elapsed().as_secs_f64() / 1e9;
+    Ok(Measured {
+        rtt_median_us: rtts[rtts.len() / 2],
+        rtt_p99_us: rtts[rtts.len() * 99 / 100],
+        skew_us: skews[skews.len() / 2],
+        gbytes_per_s,
+        segments: before.zip(Segments::now()).map(|(b, a)| b.until(a)),
+    })
 }
 
 fn measure_as_responder(t: &rlx_net::TcpTransport, peer: u32) -> Result<(), String> {
@@ -395,6 +476,7 @@ fn describe_peer(peer: u32, addr: Option<SocketAddr>) -> PeerReport {
         rtt_p99_us: None,
         gbytes_per_s: None,
         gbytes_per_s_configured: None,
+        segments: None,
         skew_us: None,
     }
 }
@@ -467,6 +549,10 @@ mod tests {
             rtt_p99_us: Some(20.0),
             gbytes_per_s: Some(1.0),
             gbytes_per_s_configured: None,
+            segments: Some(Segments {
+                sent: 23_000,
+                retransmitted: 0,
+            }),
             skew_us: Some(0.0),
         }
     }
@@ -484,6 +570,64 @@ mod tests {
             "{advice:?}"
         );
         assert!(advise(&[rank(0, peer("thunderbolt0"))]).is_empty());
+    }
+
+    #[test]
+    fn the_tcp_counters_are_read_by_name() {
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
+            Tcp: RtoAlgorithm ActiveOpens InSegs OutSegs RetransSegs InErrs\n\
+            Tcp: 1 7 1000 2000 30 0\n\
+            Udp: InDatagrams\nUdp: 5\n";
+        let before = parse_tcp_counters(snmp).unwrap();
+        assert_eq!(
+            before,
+            Segments {
+                sent: 2000,
+                retransmitted: 30
+            }
+        );
+        let after = Segments {
+            sent: 402_000,
+            retransmitted: 70,
+        };
+        let during = before.until(after);
+        assert_eq!(during.retransmitted, 40);
+        assert!(during.lossy(), "40 of 400 000 is one in ten thousand");
+        assert!(
+            !Segments {
+                sent: 400_000,
+                retransmitted: 39
+            }
+            .lossy()
+        );
+        assert!(
+            !Segments {
+                sent: 50,
+                retransmitted: 9
+            }
+            .lossy(),
+            "too few to judge"
+        );
+        assert_eq!(parse_tcp_counters("Tcp: OutSegs\n"), None);
+        assert_eq!(parse_tcp_counters("Tcp: OutSegs\nTcp: x\n"), None);
+    }
+
+    #[test]
+    fn a_lossy_link_is_flagged_and_a_clean_one_is_not() {
+        let mut lossy = peer("thunderbolt0");
+        lossy.segments = Some(Segments {
+            sent: 23_000,
+            retransmitted: 120,
+        });
+        let advice = advise(&[rank(0, lossy)]);
+        assert_eq!(advice.len(), 1, "{advice:?}");
+        assert!(
+            advice[0].contains("rank 0 sent 120 of 23000 TCP segments again"),
+            "{advice:?}"
+        );
+        assert!(advice[0].contains("(0.522%)"), "{advice:?}");
+        let text = render(&[rank(0, peer("thunderbolt0"))], &[]);
+        assert!(text.contains("0.000%"), "{text}");
     }
 
     #[test]
@@ -507,28 +651,49 @@ mod tests {
             return;
         }
         let net = TwoHosts::create();
-        let binary = world::rank_binary(crate::world::TransportKind::Tcp).unwrap();
-        let port = 29555;
-        let specs: Vec<ChildSpec> = (0..2u32)
-            .map(|rank| {
-                let mut spec = ChildSpec::new(format!("rank {rank}"), &binary)
-                    .args(["__doctor-rank"])
-                    .env("RLX_RANK", rank.to_string())
-                    .env("RLX_WORLD_SIZE", "2")
-                    .env("RLX_MASTER_ADDR", "10.79.2.1")
-                    .env("RLX_MASTER_PORT", port.to_string())
-                    .env("RLX_TIMEOUT_MS", "60000");
-                spec.netns = Some(net.names[rank as usize].clone());
-                spec
-            })
-            .collect();
-        let reports = collect(&specs).unwrap();
+        let reports = collect(&net.doctor_ranks("10.79.2.1", 29555)).unwrap();
         let advice = advise(&reports);
         let text = render(&reports, &advice);
         assert!(text.contains("goes over wlan0"), "{text}");
         assert!(text.contains("RLX_TB_IFNAME=thunderbolt0"), "{text}");
         assert_eq!(reports[0].thunderbolt_links, ["thunderbolt0"], "{text}");
         assert!(reports[0].peers[0].rtt_median_us.is_some(), "{text}");
+    }
+
+    /// The same two namespaces, the rendezvous on the `thunderbolt0` side, and a 2 Gbit/s
+    /// `tbf` with a queue of 256 KiB on rank 0's end of that link, which drops what TCP's
+    /// bursts put beyond it (68 to 1117 of about 23 000 segments sent again in five runs, at
+    /// full rate): the doctor counts the segments rank 0 sends again and says what to look at.
+    #[test]
+    fn the_doctor_flags_a_link_that_drops_packets() {
+        if !crate::netns::available_for_test("the_doctor_flags_a_link_that_drops_packets") {
+            return;
+        }
+        let net = TwoHosts::create();
+        let status = std::process::Command::new("ip")
+            .args(["netns", "exec", &net.names[0], "tc", "qdisc", "add", "dev"])
+            .args([
+                "thunderbolt0",
+                "root",
+                "tbf",
+                "rate",
+                "2gbit",
+                "burst",
+                "64kb",
+            ])
+            .args(["limit", "256kb"])
+            .status();
+        assert!(status.is_ok_and(|s| s.success()), "tc qdisc add ... tbf");
+        let reports = collect(&net.doctor_ranks("10.79.1.1", 29556)).unwrap();
+        let advice = advise(&reports);
+        let text = render(&reports, &advice);
+        let segments = reports[0].peers[0].segments.expect("Linux counts segments");
+        assert!(segments.lossy(), "{segments:?}\n{text}");
+        assert!(
+            text.contains("rank 0 ↔ 1: rank 0 sent") && text.contains("ip -s link"),
+            "{text}"
+        );
+        assert!(!text.contains("wlan0"), "{text}");
     }
 
     /// Two namespaces with two veth pairs between them, removed on drop.
@@ -538,8 +703,14 @@ mod tests {
 
     impl TwoHosts {
         fn create() -> Self {
+            // Tests of one process run side by side: each pair of namespaces is numbered.
+            static CREATED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let number = CREATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let tag = std::process::id();
-            let names = [format!("rlxdoc-a-{tag}"), format!("rlxdoc-b-{tag}")];
+            let names = [
+                format!("rlxdoc-a-{tag}-{number}"),
+                format!("rlxdoc-b-{tag}-{number}"),
+            ];
             let ip = |args: &[&str]| {
                 let status = std::process::Command::new("ip").args(args).status();
                 assert!(status.is_ok_and(|s| s.success()), "ip {}", args.join(" "));
@@ -566,6 +737,26 @@ mod tests {
                 ip(&["-n", ns, "link", "set", "lo", "up"]);
             }
             hosts
+        }
+    }
+
+    impl TwoHosts {
+        /// The doctor's two ranks, one in each namespace, meeting at `master`.
+        fn doctor_ranks(&self, master: &str, port: u16) -> Vec<ChildSpec> {
+            let binary = world::rank_binary(crate::world::TransportKind::Tcp).unwrap();
+            (0..2u32)
+                .map(|rank| {
+                    let mut spec = ChildSpec::new(format!("rank {rank}"), &binary)
+                        .args(["__doctor-rank"])
+                        .env("RLX_RANK", rank.to_string())
+                        .env("RLX_WORLD_SIZE", "2")
+                        .env("RLX_MASTER_ADDR", master)
+                        .env("RLX_MASTER_PORT", port.to_string())
+                        .env("RLX_TIMEOUT_MS", "60000");
+                    spec.netns = Some(self.names[rank as usize].clone());
+                    spec
+                })
+                .collect()
         }
     }
 
