@@ -19,6 +19,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use crate::job::{ChildSpec, Job, Output, Stream};
+use crate::tcp_counters::Segments;
 use crate::world::{self, World, WorldArgs};
 
 /// Flags of `cargo xtask doctor`.
@@ -73,51 +74,6 @@ pub(crate) struct PeerReport {
     pub(crate) segments: Option<Segments>,
     /// The peer's clock minus this rank's, estimated from the ping-pongs.
     pub(crate) skew_us: Option<f64>,
-}
-
-/// A host's TCP segment counters over one measurement.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Segments {
-    pub(crate) sent: u64,
-    pub(crate) retransmitted: u64,
-}
-
-impl Segments {
-    /// The counters of this network namespace, from the `Tcp:` lines of `/proc/net/snmp`.
-    fn now() -> Option<Segments> {
-        parse_tcp_counters(&std::fs::read_to_string("/proc/net/snmp").ok()?)
-    }
-
-    /// What was counted between `self` and `later`.
-    fn until(self, later: Segments) -> Segments {
-        Segments {
-            sent: later.sent.saturating_sub(self.sent),
-            retransmitted: later.retransmitted.saturating_sub(self.retransmitted),
-        }
-    }
-
-    /// Whether the link lost or reordered enough packets to stall operations now and then. A
-    /// healthy wired link sends nothing again in a transfer of this size; one in ten thousand
-    /// segments already costs a ring collective whole round trips (and at worst a
-    /// retransmission timeout of 200 ms) a few times per gigabyte.
-    fn lossy(self) -> bool {
-        self.retransmitted >= 10 && self.retransmitted * 10_000 >= self.sent
-    }
-}
-
-/// `OutSegs` and `RetransSegs` from `/proc/net/snmp`, whose `Tcp:` counters come as a line of
-/// names followed by a line of values.
-fn parse_tcp_counters(snmp: &str) -> Option<Segments> {
-    let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
-    let (names, values) = (tcp.next()?, tcp.next()?);
-    let value = |name: &str| {
-        let at = names.split_whitespace().position(|n| n == name)?;
-        values.split_whitespace().nth(at)?.parse().ok()
-    };
-    Some(Segments {
-        sent: value("OutSegs")?,
-        retransmitted: value("RetransSegs")?,
-    })
 }
 
 /// One rank's report.
@@ -223,7 +179,7 @@ pub(crate) fn advise(reports: &[RankReport]) -> Vec<String> {
                     report.rank,
                     segments.retransmitted,
                     segments.sent,
-                    percent(segments),
+                    segments.percent(),
                 ));
             }
             let Some(interface) = &peer.interface else {
@@ -315,7 +271,7 @@ pub(crate) fn render(reports: &[RankReport], advice: &[String]) -> String {
                 us(p.rtt_p99_us),
                 rate(p.gbytes_per_s),
                 rate(p.gbytes_per_s_configured),
-                p.segments.map_or_else(|| "-".to_owned(), percent),
+                p.segments.map_or_else(|| "-".to_owned(), Segments::percent),
                 us(p.skew_us),
             );
         }
@@ -329,12 +285,6 @@ pub(crate) fn render(reports: &[RankReport], advice: &[String]) -> String {
         }
     }
     out
-}
-
-/// The share of segments sent again, as the matrix and the advice print it.
-fn percent(segments: Segments) -> String {
-    let share = segments.retransmitted as f64 * 100.0 / segments.sent.max(1) as f64;
-    format!("{share:.3}%")
 }
 
 /// The rank side (`__doctor-rank`): joins the job, measures every pair, prints its report.
@@ -570,46 +520,6 @@ mod tests {
             "{advice:?}"
         );
         assert!(advise(&[rank(0, peer("thunderbolt0"))]).is_empty());
-    }
-
-    #[test]
-    fn the_tcp_counters_are_read_by_name() {
-        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
-            Tcp: RtoAlgorithm ActiveOpens InSegs OutSegs RetransSegs InErrs\n\
-            Tcp: 1 7 1000 2000 30 0\n\
-            Udp: InDatagrams\nUdp: 5\n";
-        let before = parse_tcp_counters(snmp).unwrap();
-        assert_eq!(
-            before,
-            Segments {
-                sent: 2000,
-                retransmitted: 30
-            }
-        );
-        let after = Segments {
-            sent: 402_000,
-            retransmitted: 70,
-        };
-        let during = before.until(after);
-        assert_eq!(during.retransmitted, 40);
-        assert!(during.lossy(), "40 of 400 000 is one in ten thousand");
-        assert!(
-            !Segments {
-                sent: 400_000,
-                retransmitted: 39
-            }
-            .lossy()
-        );
-        assert!(
-            !Segments {
-                sent: 50,
-                retransmitted: 9
-            }
-            .lossy(),
-            "too few to judge"
-        );
-        assert_eq!(parse_tcp_counters("Tcp: OutSegs\n"), None);
-        assert_eq!(parse_tcp_counters("Tcp: OutSegs\nTcp: x\n"), None);
     }
 
     #[test]

@@ -15,6 +15,7 @@ mod loom;
 mod macos;
 mod netns;
 mod sanitize;
+mod tcp_counters;
 mod world;
 
 use std::process::ExitCode;

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use rlx_collective::{Compression, DType, ReduceKind};
 
+use crate::tcp_counters::Segments;
 use crate::world::{self, World};
 pub(crate) use args::BenchArgs;
 use measure::{BenchOp, Combo, Reply, Step};
@@ -158,8 +159,16 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
         notes,
         compressions,
     };
+    let namespaces: Vec<&str> = (0..args.ranks)
+        .filter_map(|rank| world.namespace_of(rank))
+        .collect();
+    let counters_before = read_counters(&namespaces);
     let result = sweep.run(&combos, &sizes);
+    let resent_line = resent_during_sweep(&namespaces, &counters_before);
     let (rows, mut notes) = sweep.stop();
+    if let Some(line) = resent_line {
+        println!("#\n{line}");
+    }
     if result.is_ok() && measure_iperf {
         // Over the same links, before the namespaces go with the world.
         if let Some(line) = measure_ceiling(&iperf_path, "after", &mut ceilings, &mut notes) {
@@ -364,6 +373,47 @@ impl Sweep<'_> {
     }
 }
 
+/// The TCP counters of every rank's network namespace, in rank order.
+fn read_counters(namespaces: &[&str]) -> Vec<Option<Segments>> {
+    namespaces
+        .iter()
+        .map(|ns| Segments::in_namespace(ns))
+        .collect()
+}
+
+/// Under `--netns`, the line that says how many TCP segments each rank's namespace sent again
+/// during the sweep: a link that drops or reorders packets makes some iterations wait for
+/// retransmissions, which shows as a p99 far above the median (`--percentiles`) and as runs
+/// slower than the iperf3 ceiling would allow.
+fn resent_during_sweep(namespaces: &[&str], before: &[Option<Segments>]) -> Option<String> {
+    resent_line(before, &read_counters(namespaces))
+}
+
+/// The line of [`resent_during_sweep`] from the counters before and after, in rank order.
+fn resent_line(before: &[Option<Segments>], after: &[Option<Segments>]) -> Option<String> {
+    let ranks: Vec<String> = before
+        .iter()
+        .zip(after)
+        .enumerate()
+        .filter_map(|(rank, (b, a))| {
+            let during = b.zip(*a).map(|(b, a)| b.until(a))?;
+            Some(format!(
+                "rank {rank} {} of {} ({})",
+                during.retransmitted,
+                during.sent,
+                during.percent()
+            ))
+        })
+        .collect();
+    if ranks.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "# TCP segments sent again during the sweep, every system's traffic: {}",
+        ranks.join(", ")
+    ))
+}
+
 /// A generous bound on one step: start-up slack plus every iteration at 20 MB/s.
 fn step_timeout(step: &Step) -> Duration {
     let iterations = u64::from(step.iters + step.warmup + 2);
@@ -424,4 +474,31 @@ fn measure_ceiling(
         one_way.join(", "),
         both_ways.join(", ")
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_resent_line_names_every_rank_whose_counters_were_read() {
+        let at = |sent, retransmitted| {
+            Some(Segments {
+                sent,
+                retransmitted,
+            })
+        };
+        let line = resent_line(
+            &[at(100, 1), None, at(0, 0)],
+            &[at(20_100, 5), at(7, 7), at(10_000, 0)],
+        )
+        .unwrap();
+        assert_eq!(
+            line,
+            "# TCP segments sent again during the sweep, every system's traffic: \
+             rank 0 4 of 20000 (0.020%), rank 2 0 of 10000 (0.000%)"
+        );
+        assert_eq!(resent_line(&[], &[]), None, "no namespaces, no line");
+        assert_eq!(resent_line(&[None], &[at(1, 0)]), None);
+    }
 }
