@@ -159,8 +159,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
         notes,
         compressions,
     };
-    let namespaces: Vec<&str> = (0..args.ranks)
-        .filter_map(|rank| world.namespace_of(rank))
+    let namespaces: Vec<Option<&str>> = (0..args.ranks)
+        .map(|rank| world.namespace_of(rank))
         .collect();
     let counters_before = read_counters(&namespaces);
     let result = sweep.run(&combos, &sizes);
@@ -373,11 +373,12 @@ impl Sweep<'_> {
     }
 }
 
-/// The TCP counters of every rank's network namespace, in rank order.
-fn read_counters(namespaces: &[&str]) -> Vec<Option<Segments>> {
+/// The TCP counters of every rank's network namespace, in rank order (none for a rank outside
+/// a namespace of its own).
+fn read_counters(namespaces: &[Option<&str>]) -> Vec<Option<Segments>> {
     namespaces
         .iter()
-        .map(|ns| Segments::in_namespace(ns))
+        .map(|ns| ns.and_then(Segments::in_namespace))
         .collect()
 }
 
@@ -385,7 +386,7 @@ fn read_counters(namespaces: &[&str]) -> Vec<Option<Segments>> {
 /// during the sweep: a link that drops or reorders packets makes some iterations wait for
 /// retransmissions, which shows as a p99 far above the median (`--percentiles`) and as runs
 /// slower than the iperf3 ceiling would allow.
-fn resent_during_sweep(namespaces: &[&str], before: &[Option<Segments>]) -> Option<String> {
+fn resent_during_sweep(namespaces: &[Option<&str>], before: &[Option<Segments>]) -> Option<String> {
     resent_line(before, &read_counters(namespaces))
 }
 
