@@ -3,27 +3,92 @@
 
 mod common;
 
-use std::sync::{Mutex, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use rlx_collective::CollectiveError;
+use rlx_collective::{CollectiveError, Failure, MemTransport, ProcessGroup, Tag, Transport};
 
+/// A rank's transport that reports, on `handed_over`, when its first contribution (a message
+/// to rank 0 under phase 0 of an operation) has been handed over. `MemTransport`'s send is
+/// synchronous: once it returns, the message waits in rank 0's inbox, so rank 0 finds it at
+/// once whenever it looks.
+struct Announcing {
+    inner: Arc<MemTransport>,
+    handed_over: Mutex<Option<mpsc::Sender<u32>>>,
+}
+
+impl Transport for Announcing {
+    fn rank(&self) -> u32 {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> u32 {
+        self.inner.world_size()
+    }
+    fn send_message(&self, to: u32, tag: Tag, parts: &[&[u8]]) -> Result<(), CollectiveError> {
+        self.inner.send_message(to, tag, parts)?;
+        if to == 0 && !tag.is_user() && tag.phase() == 0 {
+            if let Some(tx) = self.handed_over.lock().unwrap().take() {
+                let _ = tx.send(self.rank());
+            }
+        }
+        Ok(())
+    }
+    fn recv_message(
+        &self,
+        from: u32,
+        tag: Tag,
+        timeout: Duration,
+    ) -> Result<Option<Vec<u8>>, CollectiveError> {
+        self.inner.recv_message(from, tag, timeout)
+    }
+    fn send_failure(&self, to: u32, tag: Tag, failure: Failure) -> Result<(), CollectiveError> {
+        self.inner.send_failure(to, tag, failure)
+    }
+    fn op_timeout(&self) -> Duration {
+        self.inner.op_timeout()
+    }
+    fn abort(&self) {
+        self.inner.abort();
+    }
+}
+
+/// Round 1's deadline runs from rank 0's start of the round, so the order is arranged rather
+/// than left to the scheduler: rank 0 starts round 1 only once ranks 1 and 2 have handed
+/// their contributions over (they are on time whatever the deadline), and the late rank
+/// contributes only once rank 0 has closed the round (it is late whatever the machine does).
 #[test]
 fn a_late_contribution_never_reaches_a_later_round() {
     let world = 4u32;
     let late = 3u32;
-    // Rank 0 says when its first round is over; only then does the late rank contribute, so
-    // it is late by construction, however the machine schedules the threads.
+    let (handed_over, wait_for_contributions) = mpsc::channel::<u32>();
+    let groups: Vec<ProcessGroup> = MemTransport::fan_out_with_timeout(world, common::TEST_TIMEOUT)
+        .into_iter()
+        .map(|inner| {
+            let on_time = inner.rank() != 0 && inner.rank() != late;
+            ProcessGroup::new(Arc::new(Announcing {
+                inner,
+                handed_over: Mutex::new(on_time.then(|| handed_over.clone())),
+            }) as Arc<dyn Transport>)
+        })
+        .collect();
+    let wait_for_contributions = Mutex::new(wait_for_contributions);
     let (round1_over, wait_for_round1) = mpsc::channel::<()>();
     let round1_over = Mutex::new(round1_over);
     let wait_for_round1 = Mutex::new(wait_for_round1);
-    let results = common::on_each(common::world(world), move |group| {
+    let results = common::on_each(groups, move |group| {
         let me = group.rank();
         // Round 1: the late rank arrives after rank 0 has closed the round.
         let mut round1 = vec![1000.0 + me as f32; 6];
         if me == late {
             let waited = wait_for_round1.lock().map(|rx| rx.recv());
             assert!(matches!(waited, Ok(Ok(()))), "rank 0 never ended round 1");
+        }
+        if me == 0 {
+            let rx = wait_for_contributions.lock().unwrap();
+            for _ in 0..2 {
+                let member = rx.recv_timeout(common::TEST_TIMEOUT);
+                assert!(member.is_ok(), "ranks 1 and 2 did not both contribute");
+            }
         }
         let n1 = group.federated_average(&mut round1, Duration::from_millis(200))?;
         if me == 0 {

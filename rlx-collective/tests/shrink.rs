@@ -10,7 +10,7 @@ mod common;
 use common::checked::{Rng, plan, run_checked};
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -366,22 +366,100 @@ fn crash_case(n: u32, dying: u32, lost_before: Option<u32>, k: u64) {
     }
 }
 
+/// A transport whose operation timeout can be changed while it is in use: the survivors of
+/// the stalled-rank test need a short one to declare the silent rank dead, and a long one
+/// afterwards, so that no healthy operation of theirs can time out on a loaded machine.
+struct Adjustable {
+    inner: Arc<MemTransport>,
+    timeout: Arc<Mutex<Duration>>,
+}
+
+impl Transport for Adjustable {
+    fn rank(&self) -> u32 {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> u32 {
+        self.inner.world_size()
+    }
+    fn send_message(&self, to: u32, tag: Tag, parts: &[&[u8]]) -> Result<(), CollectiveError> {
+        self.inner.send_message(to, tag, parts)
+    }
+    fn recv_message(
+        &self,
+        from: u32,
+        tag: Tag,
+        timeout: Duration,
+    ) -> Result<Option<Vec<u8>>, CollectiveError> {
+        self.inner.recv_message(from, tag, timeout)
+    }
+    fn send_failure(
+        &self,
+        to: u32,
+        tag: Tag,
+        failure: rlx_collective::Failure,
+    ) -> Result<(), CollectiveError> {
+        self.inner.send_failure(to, tag, failure)
+    }
+    fn op_timeout(&self) -> Duration {
+        *self.timeout.lock().unwrap()
+    }
+    fn abort(&self) {
+        self.inner.abort();
+    }
+    fn exclude_peer(&self, peer: u32) -> Result<(), CollectiveError> {
+        self.inner.exclude_peer(peer)
+    }
+}
+
 /// A rank that stops answering (a stalled process) is declared dead after the operation
 /// timeout; when it wakes up it fails with an error naming itself as excluded, and nothing it
 /// sends reaches the survivors' new group.
+///
+/// The order is arranged, not timed: the stalled rank waits on a channel (it is silent to
+/// the others, as a stopped process is) until every survivor has its new group, and the
+/// survivors look for its message and run their new group's all-reduce only once it has
+/// tried everything. Only the survivors' failed all-reduce and their shrink have to wait
+/// out the silent rank, so only they run with a short timeout; the survivors switch to a
+/// long one as soon as they have their new group.
 #[test]
 fn a_stalled_rank_that_wakes_up_is_excluded_and_cannot_reach_the_new_group() {
-    let timeout = Duration::from_millis(500);
-    let results = common::on_each(common::world_with_timeout(4, timeout), move |group| {
+    /// How long the survivors wait for the silent rank before they declare it dead. It is
+    /// also how late a survivor may be to the shrink before it is taken for dead itself, so
+    /// it is well above what a loaded machine delays a thread.
+    const SILENCE: Duration = Duration::from_secs(2);
+    let timeouts: Vec<Arc<Mutex<Duration>>> =
+        (0..4).map(|_| Arc::new(Mutex::new(SILENCE))).collect();
+    let groups: Vec<ProcessGroup> = MemTransport::fan_out_with_timeout(4, SILENCE)
+        .into_iter()
+        .zip(&timeouts)
+        .map(|(inner, timeout)| {
+            ProcessGroup::new(Arc::new(Adjustable {
+                inner,
+                timeout: Arc::clone(timeout),
+            }) as Arc<dyn Transport>)
+        })
+        .collect();
+    // Each survivor sends its rank once it has its new group; the stalled rank sends one
+    // message per survivor once it has tried everything.
+    let (shrunk_tx, shrunk_rx) = mpsc::channel::<u32>();
+    let (tried_tx, tried_rx) = mpsc::channel::<()>();
+    let (shrunk_rx, tried_rx) = (Mutex::new(shrunk_rx), Mutex::new(tried_rx));
+    let results = common::on_each(groups, move |group| {
         let me = group.rank();
         if me == 2 {
             // Stalled through the survivors' failure and shrink.
-            thread::sleep(timeout * 6);
+            for _ in 0..3 {
+                let survivor = shrunk_rx.lock().unwrap().recv_timeout(OP_TIMEOUT);
+                assert!(survivor.is_ok(), "a survivor never finished its shrink");
+            }
             let mut x = [1.0f32];
             let late = group.all_reduce(&mut x, ReduceKind::Sum);
             let shrink = group.shrink();
             // Whatever it tries to send to a survivor goes nowhere.
             let sent = group.send(0, 5, &[9.0f32]);
+            for _ in 0..3 {
+                tried_tx.send(()).unwrap();
+            }
             return Err(Box::new((late.err(), shrink.err(), sent.err())));
         }
         let mut x = [1.0f32];
@@ -390,8 +468,11 @@ fn a_stalled_rank_that_wakes_up_is_excluded_and_cannot_reach_the_new_group() {
             .expect_err("rank 2 is silent");
         assert!(error.is_fatal(), "{error}");
         let shrunk = group.shrink().expect("the survivors' shrink");
-        // Long enough for rank 2 to wake up and try.
-        thread::sleep(timeout * 8);
+        // The silent rank is out: nothing from here on should wait on a short timeout.
+        *timeouts[me as usize].lock().unwrap() = OP_TIMEOUT;
+        shrunk_tx.send(me).unwrap();
+        let woke = tried_rx.lock().unwrap().recv_timeout(OP_TIMEOUT);
+        assert!(woke.is_ok(), "rank 2 never tried to reach the survivors");
         if shrunk.rank() == 0 {
             let stray = group
                 .transport()

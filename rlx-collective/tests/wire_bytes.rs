@@ -1,9 +1,13 @@
 //! What the algorithms put on the wire, counted by the TCP transport
 //! ([`Transport::traffic`](rlx_collective::Transport::traffic)) on 2 to 8 ranks over loopback:
 //! a ring all-reduce of S bytes sends 2(n-1)/n·S per rank, a ring all-gather producing S bytes
-//! and a ring reduce-scatter of S bytes (n-1)/n·S, within 1%, and their exchanges land every
-//! large segment in place. Results are checked too, so the counts are of operations that
-//! worked.
+//! and a ring reduce-scatter of S bytes (n-1)/n·S, within 1%. Results are checked too, so the
+//! counts are of operations that worked.
+//!
+//! How many of those bytes went through a copy is not judged here: a segment that arrives
+//! before its rank posts the receive is copied, as it should be, and when that happens depends
+//! on how the ranks are scheduled. rlx-net's `a_posted_exchange_receives_in_place` checks, with
+//! the order arranged, that a posted receive takes nothing through a copy.
 
 #![cfg(feature = "tcp")]
 
@@ -17,17 +21,15 @@ use rlx_collective::{ProcessGroup, ReduceKind};
 /// capped at [`SEGMENT`].
 const COUNT: usize = 1 << 20;
 
-/// The segment cap. Ranks that all share a host would otherwise move each block in one
-/// segment (`Transport::segment_hint`), and one rank posting late on a loaded machine would
-/// then put a whole block through a copy instead of one segment of it.
+/// The segment cap, so that every world size moves its blocks in several segments (ranks that
+/// all share a host would otherwise move each block in one, `Transport::segment_hint`).
 const SEGMENT: usize = 256 << 10;
 
 /// One collective run (and checked) on one rank.
 type Op = fn(&ProcessGroup);
 
-/// Bytes every rank sent (to other ranks) while `op` ran on every rank of `world`, and
-/// the bytes that went through a copy, both per rank.
-fn bytes_of(world: &[ProcessGroup], op: Op) -> Vec<(u64, u64)> {
+/// Bytes every rank sent (to other ranks) while `op` ran on every rank of `world`.
+fn bytes_of(world: &[ProcessGroup], op: Op) -> Vec<u64> {
     let before: Vec<_> = world
         .iter()
         .map(|g| g.transport().traffic().expect("TCP counts its traffic"))
@@ -46,10 +48,7 @@ fn bytes_of(world: &[ProcessGroup], op: Op) -> Vec<(u64, u64)> {
         .zip(before)
         .map(|(g, before)| {
             let after = g.transport().traffic().expect("TCP counts its traffic");
-            (
-                after.sent_bytes - before.sent_bytes,
-                after.copied_bytes - before.copied_bytes,
-            )
+            after.sent_bytes - before.sent_bytes
         })
         .collect()
 }
@@ -110,7 +109,7 @@ fn ring_collectives_move_the_bytes_the_schedule_says() {
             } else {
                 expected
             };
-            for (rank, (sent, copied)) in bytes_of(&world, op).into_iter().enumerate() {
+            for (rank, sent) in bytes_of(&world, op).into_iter().enumerate() {
                 let off = (sent as f64 - expected).abs() / expected;
                 assert!(
                     off <= 0.01,
@@ -118,18 +117,6 @@ fn ring_collectives_move_the_bytes_the_schedule_says() {
                      {expected:.0} ({:.2}% off)",
                     off * 100.0
                 );
-                // Every segment is at least the hand-over threshold, so none is copied while
-                // every rank has a core (a few may be, when a rank posts late on a loaded
-                // machine). With more ranks than cores, ranks that are descheduled post late
-                // and their segments arrive as unexpected messages: only reported.
-                if n <= 2 {
-                    assert!(
-                        (copied as f64) < expected / 4.0,
-                        "{name} on {n} ranks: rank {rank} copied {copied} of {sent} bytes"
-                    );
-                } else if copied > 0 {
-                    println!("{name} on {n} ranks: rank {rank} copied {copied} of {sent} bytes");
-                }
             }
         }
     }

@@ -3,6 +3,7 @@
 use clap::Args;
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use crate::cluster::{ClusterArgs, Scenario};
 use crate::cmd::{cargo, mlx_python, run_step, workspace_root};
@@ -39,64 +40,118 @@ fn skip(step: &str, reason: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs every CI step.
+/// Runs every CI step, then prints how long each took (also when one fails), so that a run
+/// that creeps towards CI's time limit shows where the time went.
 pub(crate) fn run(args: &CiArgs) -> Result<(), String> {
-    run_step("fmt", cargo().args(["fmt", "--all", "--check"]))?;
-    run_step(
-        "clippy",
-        cargo().args([
+    let mut steps = Steps::default();
+    let result = run_steps(args, &mut steps);
+    steps.print();
+    result
+}
+
+/// The steps of [`run`], in order, stopping at the first failure.
+fn run_steps(args: &CiArgs, steps: &mut Steps) -> Result<(), String> {
+    steps.time("fmt", || {
+        run_step("fmt", cargo().args(["fmt", "--all", "--check"]))
+    })?;
+    steps.time("clippy", || {
+        run_step(
             "clippy",
-            "--workspace",
-            "--all-targets",
-            "--features",
-            "rlx-collective/thunderbolt",
-            "--",
-            "-D",
-            "warnings",
-        ]),
-    )?;
+            cargo().args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--features",
+                "rlx-collective/thunderbolt",
+                "--",
+                "-D",
+                "warnings",
+            ]),
+        )
+    })?;
     // Rustdoc warnings (broken or private intra-doc links, bare URLs) fail CI like clippy's.
-    run_step(
-        "docs",
-        cargo().env("RUSTDOCFLAGS", "-D warnings").args([
-            "doc",
-            "--workspace",
-            "--no-deps",
-            "--features",
-            "rlx-collective/thunderbolt",
-        ]),
-    )?;
-    run_step(
-        "tests",
-        cargo().args([
-            "test",
-            "--workspace",
-            "--features",
-            "rlx-collective/thunderbolt",
-        ]),
-    )?;
-    clusters()?;
-    examples()?;
-    eprintln!("\n==> bench smoke: every operation, dtype and reduction, small sizes, #wrong only");
-    bench::run(&bench::BenchArgs::smoke()).map_err(|e| format!("bench smoke: {e}"))?;
-    mlx(&workspace_root())?;
+    steps.time("docs", || {
+        run_step(
+            "docs",
+            cargo().env("RUSTDOCFLAGS", "-D warnings").args([
+                "doc",
+                "--workspace",
+                "--no-deps",
+                "--features",
+                "rlx-collective/thunderbolt",
+            ]),
+        )
+    })?;
+    steps.time("tests", || {
+        run_step(
+            "tests",
+            cargo().args([
+                "test",
+                "--workspace",
+                "--features",
+                "rlx-collective/thunderbolt",
+            ]),
+        )
+    })?;
+    steps.time("test-cluster runs", clusters)?;
+    steps.time("examples", examples)?;
+    steps.time("bench smoke", || {
+        eprintln!(
+            "\n==> bench smoke: every operation, dtype and reduction, small sizes, #wrong only"
+        );
+        bench::run(&bench::BenchArgs::smoke()).map_err(|e| format!("bench smoke: {e}"))
+    })?;
+    steps.time("mlx", || mlx(&workspace_root()))?;
     if !args.no_macos {
-        match macos::Toolchain::find() {
-            Ok(toolchain) => macos::check(&toolchain)?,
-            Err(missing) => skip("macOS type-check", &missing)?,
-        }
+        steps.time("macOS type-check", || match macos::Toolchain::find() {
+            Ok(toolchain) => macos::check(&toolchain),
+            Err(missing) => skip("macOS type-check", &missing),
+        })?;
     }
     if !args.no_loom {
         // Bound 3 checks every model in about a second on two cores (bound 4: about five).
-        loom::run(&loom::LoomArgs { preemptions: 3 })?;
+        steps.time("loom", || loom::run(&loom::LoomArgs { preemptions: 3 }))?;
     }
     if !args.no_sanitize {
-        sanitize::run(&sanitize::SanitizeArgs {
-            quick: true,
-            sanitizer: vec![sanitize::Sanitizer::Thread, sanitize::Sanitizer::Address],
+        steps.time("sanitizers (quick)", || {
+            sanitize::run(&sanitize::SanitizeArgs {
+                quick: true,
+                sanitizer: vec![sanitize::Sanitizer::Thread, sanitize::Sanitizer::Address],
+            })
         })?;
     }
     Ok(())
+}
+
+/// How long each step of a CI run took.
+#[derive(Debug, Default)]
+struct Steps {
+    taken: Vec<(&'static str, Duration, bool)>,
+}
+
+impl Steps {
+    /// Runs `step`, recording its time and whether it passed.
+    fn time(
+        &mut self,
+        name: &'static str,
+        step: impl FnOnce() -> Result<(), String>,
+    ) -> Result<(), String> {
+        let started = Instant::now();
+        let result = step();
+        self.taken.push((name, started.elapsed(), result.is_ok()));
+        result
+    }
+
+    /// The table of steps and the total, on stderr with the steps' own output.
+    fn print(&self) {
+        eprintln!("\n==> ci: time per step");
+        for (name, took, passed) in &self.taken {
+            let verdict = if *passed { "" } else { "  (failed)" };
+            eprintln!("  {:>7.1} min  {name}{verdict}", took.as_secs_f64() / 60.0);
+        }
+        let total: Duration = self.taken.iter().map(|(_, took, _)| *took).sum();
+        eprintln!("  {:>7.1} min  in all", total.as_secs_f64() / 60.0);
+    }
 }
 
 /// The collective matrix across real processes: TCP with 2, 3, 4 and 8 ranks and the threads
@@ -105,6 +160,16 @@ pub(crate) fn run(args: &CiArgs) -> Result<(), String> {
 /// all report it; three fault trials of each scenario of `--repeat`, two of each link cut in
 /// namespaces, and a 60 s soak.
 fn clusters() -> Result<(), String> {
+    for (what, args) in cluster_runs()? {
+        eprintln!("\n==> test-cluster: {what}, the quick case list");
+        cluster::run(&args).map_err(|e| format!("test-cluster ({what}): {e}"))?;
+    }
+    Ok(())
+}
+
+/// The test-cluster runs of [`clusters`], each with what it checks; `cargo xtask flaky` runs
+/// them one by one through the hidden `__ci-cluster INDEX`.
+pub(crate) fn cluster_runs() -> Result<Vec<(String, ClusterArgs)>, String> {
     let mut runs: Vec<(String, ClusterArgs)> = [2, 3, 4, 8]
         .into_iter()
         .map(|ranks| {
@@ -199,11 +264,17 @@ fn clusters() -> Result<(), String> {
         let reason = netns.err().unwrap_or_default();
         skip("test-cluster --netns --transport tb", &reason)?;
     }
-    for (what, args) in runs {
-        eprintln!("\n==> test-cluster: {what}, the quick case list");
-        cluster::run(&args).map_err(|e| format!("test-cluster ({what}): {e}"))?;
-    }
-    Ok(())
+    Ok(runs)
+}
+
+/// Runs the test-cluster run of CI at `index` of [`cluster_runs`] alone.
+pub(crate) fn cluster_run(index: usize) -> Result<(), String> {
+    let runs = cluster_runs()?;
+    let (what, args) = runs
+        .get(index)
+        .ok_or_else(|| format!("CI has {} test-cluster runs, not {}", runs.len(), index + 1))?;
+    eprintln!("==> test-cluster: {what}, the quick case list");
+    cluster::run(args).map_err(|e| format!("test-cluster ({what}): {e}"))
 }
 
 /// The workload examples as a user runs them: built in release and launched as 4 TCP ranks

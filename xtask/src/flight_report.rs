@@ -258,31 +258,53 @@ pub(crate) fn diagnose(entries: &[Entry], world: Option<u32>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
+    use std::sync::{Arc, mpsc};
     use std::time::Duration;
 
     use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
 
     use super::*;
 
-    /// Ranks 0 and 1 enter an all-reduce that rank 2 never issues: their records, dumped after
-    /// the timeout, make the report name rank 2 and the operation it never entered.
+    /// Ranks 0 and 1 enter an all-reduce that rank 2 never issues: their records, dumped once
+    /// it failed, make the report name rank 2 and the operation it never entered.
+    ///
+    /// Nothing waits on a timeout (it is long, so a thread that starts late cannot fail the
+    /// barrier): rank 2 dumps its record once ranks 0 and 1 are past the barrier, then aborts
+    /// its transport, which fails their all-reduce at once with the loss of rank 2.
     #[test]
     fn the_report_names_the_rank_that_never_arrived() {
         let dir = std::env::temp_dir().join(format!("rlx-flight-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let world = MemTransport::fan_out_with_timeout(3, Duration::from_millis(500));
+        let world = MemTransport::fan_out_with_timeout(3, Duration::from_secs(60));
+        // Ranks 0 and 1 say when they are past the barrier.
+        let (past_barrier, wait_for_barrier) = mpsc::channel::<()>();
+        let mut wait_for_barrier = Some(wait_for_barrier);
         let threads: Vec<_> = world
             .into_iter()
             .map(|t| {
                 let dir = dir.clone();
+                let past_barrier = past_barrier.clone();
+                let wait_for_barrier = if t.rank() == 2 {
+                    wait_for_barrier.take()
+                } else {
+                    None
+                };
                 std::thread::spawn(move || {
                     let group = ProcessGroup::new(t as Arc<dyn Transport>);
                     group.barrier().unwrap();
-                    if group.rank() != 2 {
-                        let mut x = [1.0f32; 4];
-                        assert!(group.all_reduce(&mut x, ReduceKind::Sum).is_err());
+                    if let Some(others) = wait_for_barrier {
+                        // Once the others are past the barrier, losing this rank fails only
+                        // their all-reduce.
+                        for _ in 0..2 {
+                            others.recv_timeout(Duration::from_secs(60)).unwrap();
+                        }
+                        group.dump_flight_record(&dir).unwrap();
+                        group.transport().abort();
+                        return;
                     }
+                    past_barrier.send(()).unwrap();
+                    let mut x = [1.0f32; 4];
+                    assert!(group.all_reduce(&mut x, ReduceKind::Sum).is_err());
                     group.dump_flight_record(&dir).unwrap();
                 })
             })

@@ -339,14 +339,6 @@ impl Job {
         }
     }
 
-    /// The process id of child `index` while it runs (it is not reaped yet).
-    pub(crate) fn pid(&self, index: usize) -> Option<u32> {
-        self.children
-            .get(index)
-            .and_then(Option::as_ref)
-            .map(Child::id)
-    }
-
     /// Sends SIGCONT to child `index`, resuming a rank that stopped itself with SIGSTOP
     /// (no-op when it already ended).
     pub(crate) fn resume(&mut self, index: usize) {

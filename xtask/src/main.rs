@@ -1,5 +1,6 @@
 //! `cargo xtask`: the project's automation. `ci` is exactly what CI runs; `loom` runs the model
-//! checks; `sanitize` the test suites under ThreadSanitizer and AddressSanitizer;
+//! checks; `sanitize` the test suites under ThreadSanitizer and AddressSanitizer; `flaky`
+//! runs chosen tests many times beside busy threads to find those that depend on scheduling;
 //! `test-cluster` and `bench` launch real multi-process jobs, whose ranks are this same binary
 //! re-executed with a hidden subcommand; `launch` runs a user's own program as the ranks.
 
@@ -8,6 +9,7 @@ mod ci;
 mod cluster;
 mod cmd;
 mod doctor;
+mod flaky;
 mod flight_report;
 mod job;
 mod launch;
@@ -45,6 +47,10 @@ enum Command {
     /// One doctor rank (started by doctor).
     #[command(name = "__doctor-rank", hide = true)]
     DoctorRank,
+    /// Runs chosen tests N times each beside K busy threads and prints each test's failure
+    /// count with its first failure's output (default: the multi-process, network-namespace and
+    /// fault tests).
+    Flaky(flaky::FlakyArgs),
     /// Reads the flight records a job's ranks wrote (RLX_FLIGHT_RECORDER=DIR) and names the
     /// rank that never reached an operation, mismatched operations and whom each rank waited on.
     FlightReport(flight_report::FlightReportArgs),
@@ -60,6 +66,12 @@ enum Command {
     /// Runs any program as N ranks with the launch environment (torchrun / mlx.launch style):
     /// rank-prefixed output, and the first failed rank's exit code.
     Launch(launch::LaunchArgs),
+    /// One of the test-cluster runs of `ci`, by its index (started by flaky).
+    #[command(name = "__ci-cluster", hide = true)]
+    CiCluster {
+        /// Which run, counted from 0 in the order `ci` runs them.
+        index: usize,
+    },
     /// One test-cluster rank (started by test-cluster).
     #[command(name = "__rank", hide = true)]
     Rank(cluster::worker::RankArgs),
@@ -84,6 +96,8 @@ fn main() -> ExitCode {
         Command::Loom(args) => loom::run(&args),
         Command::Sanitize(args) => sanitize::run(&args),
         Command::FlightReport(args) => flight_report::run(&args),
+        Command::Flaky(args) => flaky::run(&args),
+        Command::CiCluster { index } => ci::cluster_run(index),
         Command::Doctor(args) => doctor::run(&args),
         Command::DoctorRank => doctor::rank_main(),
         Command::MacosCheck => macos::Toolchain::find().and_then(|t| macos::check(&t)),

@@ -74,6 +74,8 @@ pub(crate) enum Event {
         ops: u64,
         /// Result bytes checked so far.
         bytes: u64,
+        /// Its resources between two rounds, when it could read them.
+        usage: Option<super::soak::Usage>,
     },
     /// The rank is in a grown world (it grew its group, or it joined as a replacement).
     Grown {

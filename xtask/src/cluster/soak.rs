@@ -1,9 +1,15 @@
 //! `cargo xtask test-cluster --duration D`: the soak. The ranks run a seeded random mix of
-//! collectives for D, every result checked (see `soak_rank`), while the launcher samples each
-//! rank's resident memory, open file descriptors and threads from `/proc`. The run fails on
-//! any error or wrong result, on a hang, and when a rank's resources grow from the first
-//! window of the run to the last by more than the stated bounds: a leak of buffers, sockets
-//! or threads shows there long before it shows in production.
+//! collectives for D, every result checked (see `soak_rank`), and each rank reports its resident
+//! memory, open file descriptors and threads every few seconds. The run fails on any error or
+//! wrong result, on a hang, and when a rank's resources grow from the first window of the run
+//! to the last by more than the stated bounds: a leak of buffers, sockets or threads shows
+//! there long before it shows in production.
+//!
+//! A rank reads its own figures between rounds, when none of its operations' buffers is alive
+//! and after handing freed memory back to the system, rather than being sampled from outside
+//! at whatever moment a timer fires: a sample taken in the middle of a 64 MiB all-reduce counts
+//! that round's buffers, and which rounds the samples hit depends on how fast the machine
+//! runs, so a busy machine used to look like a leak.
 
 use std::time::{Duration, Instant};
 
@@ -22,15 +28,12 @@ const FD_GROWTH_BOUND: u64 = 2;
 /// How many more threads a rank may run at the end than at the start.
 const THREAD_GROWTH_BOUND: u64 = 2;
 
-/// How often the launcher samples every rank.
-const SAMPLE_EVERY: Duration = Duration::from_secs(5);
-
 /// How long after the duration the ranks have to finish their last round and report.
 const FINISH_GRACE: Duration = Duration::from_secs(120);
 
 /// One rank's resources at one moment.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Usage {
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(super) struct Usage {
     rss_kib: u64,
     fds: u64,
     threads: u64,
@@ -38,7 +41,7 @@ struct Usage {
 
 impl Usage {
     /// Reads process `pid`'s usage from `/proc`; `None` once it is gone.
-    fn of(pid: u32) -> Option<Usage> {
+    pub(super) fn of(pid: u32) -> Option<Usage> {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
         let field = |name: &str| {
             status
@@ -65,7 +68,7 @@ impl Usage {
     }
 }
 
-/// The samples of one rank, taken every [`SAMPLE_EVERY`] from the start.
+/// The samples one rank reported, each with when it arrived.
 #[derive(Debug, Default)]
 struct Samples {
     taken: Vec<(Duration, Usage)>,
@@ -166,8 +169,7 @@ fn watch(
     let mut job = Job::spawn(specs)?;
     let children = specs.len();
     let mut views: Vec<SoakView> = (0..args.ranks).map(|_| SoakView::default()).collect();
-    let mut samples: Vec<Samples> = (0..children).map(|_| Samples::default()).collect();
-    let mut next_sample = started + SAMPLE_EVERY;
+    let mut samples: Vec<Samples> = (0..args.ranks).map(|_| Samples::default()).collect();
     let mut next_line = started + Duration::from_secs(60);
     let deadline = started + duration + FINISH_GRACE;
     let mut hung = false;
@@ -176,14 +178,6 @@ fn watch(
         if now >= deadline {
             hung = true;
             break;
-        }
-        if now >= next_sample {
-            next_sample += SAMPLE_EVERY;
-            for (index, rank) in samples.iter_mut().enumerate() {
-                if let Some(usage) = job.pid(index).and_then(Usage::of) {
-                    rank.taken.push((now - started, usage));
-                }
-            }
         }
         if now >= next_line {
             next_line += Duration::from_secs(60);
@@ -200,7 +194,7 @@ fn watch(
                 text,
                 child,
             }) => match serde_json::from_str::<Event>(&text) {
-                Ok(event) => observe(&mut views, event),
+                Ok(event) => observe(&mut views, &mut samples, started.elapsed(), event),
                 Err(_) => println!("[{}] {text}", job.label(child)),
             },
             Some(Output::Line { text, child, .. }) => println!("[{}] {text}", job.label(child)),
@@ -225,14 +219,21 @@ fn watch(
     judge(&views, &samples, started.elapsed(), duration, hung)
 }
 
-fn observe(views: &mut [SoakView], event: Event) {
-    let Some(view) = views.get_mut(event.rank() as usize) else {
+/// Takes in one event of a rank, `at` this long after the start.
+fn observe(views: &mut [SoakView], samples: &mut [Samples], at: Duration, event: Event) {
+    let rank = event.rank() as usize;
+    let Some(view) = views.get_mut(rank) else {
         return;
     };
     match event {
-        Event::Soak { ops, bytes, .. } => {
+        Event::Soak {
+            ops, bytes, usage, ..
+        } => {
             view.ops = ops;
             view.bytes = bytes;
+            if let (Some(usage), Some(samples)) = (usage, samples.get_mut(rank)) {
+                samples.taken.push((at, usage));
+            }
         }
         Event::Done { passed, .. } => {
             view.ops = passed;
@@ -271,7 +272,8 @@ fn judge(
     );
     for (rank, rank_samples) in samples.iter().enumerate() {
         let first = rank_samples.peak(Duration::ZERO, window);
-        let last = rank_samples.peak(end.saturating_sub(window), end);
+        // A rank's last report comes as it stops, after the duration.
+        let last = rank_samples.peak(end.saturating_sub(window), Duration::MAX);
         match (first, last) {
             (Some(first), Some(last)) => {
                 println!(

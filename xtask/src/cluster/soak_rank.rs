@@ -16,12 +16,14 @@ use rlx_collective::conformance::reference::{self, Expected};
 use rlx_collective::{CollectiveHandle, DType, ProcessGroup, ReduceKind};
 
 use super::events::{ErrorRecord, Event};
+use super::soak::Usage;
 
 /// The largest buffer one round moves in total (the sizes of the operations in flight add up
 /// to at most this).
 const ROUND_BYTES: u64 = 64 << 20;
 
-/// How often a rank reports its count of checked operations.
+/// How often a rank reports its count of checked operations and its resources (between two
+/// rounds, so less often while rounds take longer), besides at its start and its end.
 const REPORT_EVERY: Duration = Duration::from_secs(2);
 
 /// The collectives of the mix.
@@ -222,6 +224,17 @@ pub(super) fn run(
     let mut next = 0;
     let mut checked = 0u64;
     let mut bytes = 0u64;
+    // The first and the last report bracket the run, so that the launcher's first and last
+    // windows each hold one however slowly the rounds go on a busy machine.
+    let report = |checked: u64, bytes: u64| {
+        emit(&Event::Soak {
+            rank,
+            ops: checked,
+            bytes,
+            usage: quiet_usage(),
+        });
+    };
+    report(0, 0);
     let mut reported = Instant::now();
     loop {
         let mut stop = [i32::from(rank == 0 && started.elapsed() >= duration)];
@@ -229,6 +242,7 @@ pub(super) fn run(
             .all_reduce(&mut stop, ReduceKind::Max)
             .map_err(|e| ErrorRecord::from_error(&e, Some("the soak's stop vote".to_owned())))?;
         if stop[0] != 0 {
+            report(checked, bytes);
             return Ok(checked);
         }
         let round = plan_round(&mut plan, &mut next, group.world_size());
@@ -248,13 +262,19 @@ pub(super) fn run(
         }
         if reported.elapsed() >= REPORT_EVERY {
             reported = Instant::now();
-            emit(&Event::Soak {
-                rank,
-                ops: checked,
-                bytes,
-            });
+            report(checked, bytes);
         }
     }
+}
+
+/// This process's resources between two rounds, when no buffer of the soak's operations is
+/// alive: the allocator first hands the free memory it keeps back to the system, so that the
+/// figure is what the process holds, not what it happened to free last.
+fn quiet_usage() -> Option<Usage> {
+    // SAFETY: `malloc_trim` only returns free heap memory to the system; it takes no pointer
+    // and is safe to call at any time.
+    unsafe { libc::malloc_trim(0) };
+    Usage::of(std::process::id())
 }
 
 #[cfg(test)]

@@ -162,15 +162,22 @@ fn a_wrong_byte_on_one_rank_fails_the_run() {
     );
 }
 
+/// The global timeout is long enough for every rank's first line to arrive however loaded
+/// the machine is (a rank still silent at the timeout would be named "before its first
+/// case"), and far below the ranks' own hang: a launcher without the bound would wait a
+/// minute for them, this one must be done a few seconds after the timeout. The ranks `exec`
+/// their sleep, so that the launcher's kill ends it instead of leaving it running for a
+/// minute behind a killed shell.
 #[test]
 fn a_hang_is_bounded_by_the_global_timeout_and_names_the_operation() {
+    let timeout = 5;
     let specs = [
-        scripted(0, &[start(0), case(0, 0, true)], "sleep 30"),
-        scripted(1, &[start(1)], "sleep 30"),
+        scripted(0, &[start(0), case(0, 0, true)], "exec sleep 60"),
+        scripted(1, &[start(1)], "exec sleep 60"),
     ];
     let began = Instant::now();
-    let err = supervise(&args(2, 1), None, &specs, None, None, None).unwrap_err();
-    assert!(began.elapsed() < Duration::from_secs(10), "{err}");
+    let err = supervise(&args(2, timeout), None, &specs, None, None, None).unwrap_err();
+    assert!(began.elapsed() < Duration::from_secs(timeout + 15), "{err}");
     for rank in 0..2 {
         let hang = format!("HANG: rank {rank} still running in all_reduce f32 n=7");
         assert!(err.contains(&hang), "{err}");
