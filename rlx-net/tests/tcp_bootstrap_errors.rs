@@ -50,6 +50,26 @@ fn a_two_rank_rendezvous_timeout_names_rank_1() {
     );
 }
 
+/// Reads exactly one registration (see `src/bootstrap/store/wire.rs`): the fixed part up to
+/// the count of addresses, then each address by its family.
+fn read_registration(stream: &mut impl Read) {
+    // Magic, version, flags, job digest, world, rank, instance and nonce; then the count.
+    let mut fixed = [0u8; 8 + 4 + 4 + 16 + 4 + 4 + 8 + 16 + 1];
+    stream.read_exact(&mut fixed).expect("a registration");
+    assert_eq!(&fixed[..8], b"RLXSTOR\n", "a registration");
+    for _ in 0..fixed[fixed.len() - 1] {
+        let mut family = [0u8; 1];
+        stream.read_exact(&mut family).expect("an address family");
+        // The address and port; an IPv6 address also has its scope.
+        let rest = match family[0] {
+            4 => 4 + 2,
+            6 => 16 + 4 + 2,
+            other => panic!("address family {other}"),
+        };
+        stream.read_exact(&mut vec![0u8; rest]).expect("an address");
+    }
+}
+
 #[test]
 fn a_store_that_closes_without_an_answer_is_named() {
     let listener = TcpListener::bind("127.0.0.1:0").expect("a listener");
@@ -57,13 +77,12 @@ fn a_store_that_closes_without_an_answer_is_named() {
     // A "store" that reads the registration and hangs up.
     let store = thread::spawn(move || {
         let (mut stream, _) = listener.accept().expect("the rank's connection");
-        // All of it (the registration comes in one piece), so that closing sends an orderly
-        // end of stream rather than a reset.
+        // All of it, so that closing sends an orderly end of stream rather than a reset. The
+        // timeout only bounds a wait for bytes that never come.
         stream
-            .set_read_timeout(Some(Duration::from_millis(300)))
+            .set_read_timeout(Some(Duration::from_secs(30)))
             .expect("a read timeout");
-        let mut registration = Vec::new();
-        let _ = stream.read_to_end(&mut registration);
+        read_registration(&mut stream);
     });
     let err = rank(1, 2, port, Duration::from_secs(10)).expect_err("the store hung up");
     store.join().expect("the store thread");

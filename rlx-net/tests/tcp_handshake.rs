@@ -1,6 +1,6 @@
 //! Refusals: while a 4-rank job bootstraps on fixed ports, raw TCP clients send garbage, an
 //! oversized length, a wrong magic, a wrong job id, a wrong world size and a duplicate rank,
-//! and a second process claims rank 1. Each is refused with a reason (and logged), the
+//! and a second process claims rank 2. Each is refused with a reason (and logged), the
 //! impostor process fails with a clear error, and the job completes. After a handshake, a
 //! frame longer than the cap is a protocol error naming the length and the cap. The hostile
 //! clients hand-craft the documented wire layout (`src/handshake.rs`, `src/frame.rs`).
@@ -97,11 +97,12 @@ fn strangers_are_refused_while_the_job_completes() {
     for rank in 0..3 {
         children.0.push(spawn("ring", &env(rank, &hf)));
     }
-    // Ranks 1 and 2 connect to rank 0 first, so that rank 1's slot is taken; rank 3 starts
-    // only after every stranger has been turned away, so rank 0 is still accepting.
-    wait_established(ports[0], 2);
-    // TCP connects before the hello is read; let rank 0 finish those two handshakes.
-    std::thread::sleep(Duration::from_millis(300));
+    // Rank 3 starts only after every stranger has been turned away, so rank 0 is still
+    // accepting. Rank 2 connects to rank 0, then to rank 1 once that handshake is over
+    // (`src/bootstrap/connect.rs`), and rank 0 answers a hello only once it has claimed the
+    // connector's link: a connection to rank 1's listener (nobody else connects there yet)
+    // shows that rank 0 holds rank 2's link, which the duplicate below must find taken.
+    wait_established(ports[1], 1);
 
     let (code, reason) = refused(ports[0], &[0xAB; 72]);
     assert!(
@@ -149,20 +150,21 @@ fn strangers_are_refused_while_the_job_completes() {
         "world: {code} {reason}"
     );
 
-    let (code, reason) = refused(ports[0], &hello(JOB, 4, 1));
+    let (code, reason) = refused(ports[0], &hello(JOB, 4, 2));
     assert!(
-        code != 0 && reason.contains("duplicate rank 1"),
+        code != 0 && reason.contains("duplicate rank 2"),
         "duplicate: {code} {reason}"
     );
 
-    // A second process that believes it is rank 1 (listening elsewhere) is refused by rank 0.
+    // A second process that believes it is rank 2 (listening elsewhere) is refused by rank 0,
+    // the first rank it connects to.
     let mut impostor_ports = ports.clone();
-    impostor_ports[1] = free_port();
-    let impostor = spawn("ring", &env(1, &hostfile(&impostor_ports)));
+    impostor_ports[2] = free_port();
+    let impostor = spawn("ring", &env(2, &hostfile(&impostor_ports)));
     let impostor = wait_all(vec![impostor], Duration::from_secs(60));
     assert!(!impostor[0].ok, "{impostor:#?}");
     assert!(
-        impostor[0].stdout.contains("duplicate rank 1"),
+        impostor[0].stdout.contains("duplicate rank 2"),
         "{impostor:#?}"
     );
 
@@ -176,7 +178,7 @@ fn strangers_are_refused_while_the_job_completes() {
         );
     }
     let log = &done[0].stderr;
-    for needle in ["wrong magic", "job id", "duplicate rank 1"] {
+    for needle in ["wrong magic", "job id", "duplicate rank 2"] {
         assert!(log.contains(needle), "rank 0 should log {needle:?}: {log}");
     }
 }

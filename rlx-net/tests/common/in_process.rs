@@ -41,9 +41,18 @@ pub(crate) fn local_world(
     n: u32,
     tune: fn(rlx_net::TcpTransportBuilder) -> rlx_net::TcpTransportBuilder,
 ) -> Vec<TcpTransport> {
+    local_world_by_rank(n, move |_, b| tune(b))
+}
+
+/// [`local_world`] where `tune` sets each rank's options (given its rank).
+pub(crate) fn local_world_by_rank(
+    n: u32,
+    tune: impl Fn(u32, rlx_net::TcpTransportBuilder) -> rlx_net::TcpTransportBuilder,
+) -> Vec<TcpTransport> {
     let port = super::free_port();
     joined(build(0..n, &|rank| {
         tune(
+            rank,
             TcpTransport::builder()
                 .rank(rank)
                 .world_size(n)
@@ -59,6 +68,17 @@ pub(crate) fn shared_world(
     tune: fn(rlx_net::TcpTransportBuilder) -> rlx_net::TcpTransportBuilder,
 ) -> Vec<std::sync::Arc<TcpTransport>> {
     local_world(n, tune)
+        .into_iter()
+        .map(std::sync::Arc::new)
+        .collect()
+}
+
+/// [`local_world_by_rank`], each transport shared so that several threads can drive it.
+pub(crate) fn shared_world_by_rank(
+    n: u32,
+    tune: impl Fn(u32, rlx_net::TcpTransportBuilder) -> rlx_net::TcpTransportBuilder,
+) -> Vec<std::sync::Arc<TcpTransport>> {
+    local_world_by_rank(n, tune)
         .into_iter()
         .map(std::sync::Arc::new)
         .collect()

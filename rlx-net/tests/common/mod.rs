@@ -320,6 +320,16 @@ pub(crate) fn until_first_failure(
     linger: Duration,
     body: impl Fn(u32) -> CollectiveError + Send + Sync + 'static,
 ) -> Result<(), String> {
+    until_first_failure_then(t, || std::thread::sleep(linger), body)
+}
+
+/// [`until_first_failure`] that, after the first error, lingers for as long as `linger` runs
+/// instead of for a fixed time.
+pub(crate) fn until_first_failure_then(
+    t: &Arc<TcpTransport>,
+    linger: impl FnOnce(),
+    body: impl Fn(u32) -> CollectiveError + Send + Sync + 'static,
+) -> Result<(), String> {
     let (rank, n) = (t.rank(), t.world_size());
     let body = Arc::new(body);
     let (tx, rx) = mpsc::channel::<(CollectiveError, u128)>();
@@ -337,7 +347,7 @@ pub(crate) fn until_first_failure(
     drop(tx);
     let (first, at) = rx.recv().map_err(|e| format!("no thread reported: {e}"))?;
     println!("lost: {} at {at}", describe(&first));
-    std::thread::sleep(linger);
+    linger();
     t.abort();
     for h in threads {
         h.join().map_err(|_| "a peer thread panicked".to_owned())?;

@@ -271,9 +271,14 @@ pub(super) fn run(
 /// alive: the allocator first hands the free memory it keeps back to the system, so that the
 /// figure is what the process holds, not what it happened to free last.
 fn quiet_usage() -> Option<Usage> {
+    // glibc's allocator alone has `malloc_trim`; elsewhere the figure includes what the
+    // allocator keeps.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: `malloc_trim` only returns free heap memory to the system; it takes no pointer
     // and is safe to call at any time.
-    unsafe { libc::malloc_trim(0) };
+    unsafe {
+        libc::malloc_trim(0);
+    }
     Usage::of(std::process::id())
 }
 
