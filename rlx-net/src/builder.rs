@@ -48,6 +48,7 @@ pub struct TcpTransportBuilder {
     heartbeat: Duration,
     min_single_copy: u64,
     max_bounced: u64,
+    longest_hold: Duration,
     lane_bytes: u64,
     socket_setup: Option<SocketSetup>,
 }
@@ -88,6 +89,7 @@ impl Default for TcpTransportBuilder {
             heartbeat: DEFAULT_HEARTBEAT,
             min_single_copy: DEFAULT_MIN_SINGLE_COPY,
             max_bounced: DEFAULT_MAX_BOUNCED,
+            longest_hold: crate::matching::LONGEST_HOLD,
             lane_bytes: DEFAULT_LANE_BYTES,
             socket_setup: None,
         }
@@ -280,6 +282,16 @@ impl TcpTransportBuilder {
         self
     }
 
+    /// The longest an unexpected pulled message of this host waits in its sender's memory for
+    /// its receive (default 100 ms, shorter for messages under about 100 MB). Not a tuning
+    /// knob: tests that must arrange for a receive to be posted while a message waits set it
+    /// long, so that how the machine schedules them cannot end the wait first.
+    #[doc(hidden)]
+    pub fn longest_hold(mut self, hold: Duration) -> Self {
+        self.longest_hold = hold;
+        self
+    }
+
     /// Applies the engine's tuning variables of the environment: `RLX_SPIN_US` (see
     /// [`spin`](Self::spin)), `RLX_HEARTBEAT_MS` (see [`heartbeat`](Self::heartbeat)),
     /// `RLX_SINGLE_COPY` (`0` or `1`, see [`single_copy`](Self::single_copy)),
@@ -455,6 +467,7 @@ impl TcpTransportBuilder {
                 min_single_copy: self.min_single_copy,
                 max_bounced: self.max_bounced,
                 lane_bytes: self.lane_bytes,
+                longest_hold: self.longest_hold,
             },
             peers,
         )

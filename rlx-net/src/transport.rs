@@ -118,6 +118,14 @@ impl TcpTransport {
         self.engine.reads_lane_from(rank)
     }
 
+    /// Whether a large message of `rank` that arrived before its receive waits in `rank`'s
+    /// memory for that receive right now (see `TcpTransportBuilder::longest_hold`). For tests
+    /// that must post a receive while a message waits.
+    #[doc(hidden)]
+    pub fn holds_pull_from(&self, rank: u32) -> bool {
+        self.engine.holds_pull_from(rank)
+    }
+
     /// The address of `rank`'s first link, when connected.
     pub fn peer_addr(&self, rank: u32) -> Option<SocketAddr> {
         self.engine.peer_addr(rank)

@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::in_process::{shared_world, shared_world_by_rank};
 use common::{assert_all_ok, free_port, pattern, rlx_env, spawn, wait_all};
@@ -256,9 +256,14 @@ fn work_runs_while_the_message_is_in_flight() {
 
 /// A large message that arrives before its receive is posted stays in the sender's memory for
 /// a while instead of landing in a buffer of the transport's own: a receive posted a little
-/// later reads it straight into its buffer, and nothing is copied twice.
+/// later reads it straight into its buffer, and nothing is copied twice. The order is observed,
+/// not slept for: the receive is posted once rank 1 holds the message, and the hold is made
+/// long (60 s instead of at most 100 ms) so that no descheduling can end it first.
 fn a_message_waits_for_a_receive_posted_late() {
-    let w = shared_world(2, |b| b.op_timeout(Duration::from_secs(20)));
+    let w = shared_world(2, |b| {
+        b.op_timeout(Duration::from_secs(20))
+            .longest_hold(Duration::from_secs(60))
+    });
     std::thread::scope(|s| {
         let one = s.spawn(|| common::settle(w[1].as_ref(), 2));
         common::settle(w[0].as_ref(), 2).expect("settle rank 0");
@@ -267,14 +272,17 @@ fn a_message_waits_for_a_receive_posted_late() {
     let before = w[1].traffic().expect("counted");
     let len = 256 << 20;
     let message = pattern(0, 3, len);
-    // Allocated and touched before the send: under a sanitizer, zeroing 256 MiB alone takes
-    // longer than the message's wait.
     let mut buf = vec![1u8; len];
     std::thread::scope(|s| {
         let sender = s.spawn(|| w[0].send_bytes(1, 11, &message));
-        // Well inside the wait of a message this large (100 ms), and long enough for the
-        // background reader to have seen its frame.
-        std::thread::sleep(Duration::from_millis(5));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !w[1].holds_pull_from(0) {
+            assert!(
+                Instant::now() < deadline,
+                "rank 1 never held the message for its receive"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let got = w[1]
             .recv_message_into(0, Tag::user(11).unwrap(), &mut buf, Duration::from_secs(20))
             .unwrap();

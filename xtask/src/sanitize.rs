@@ -48,12 +48,6 @@ const TARGET: &str = "x86_64-unknown-linux-gnu";
 /// Tests left out under ThreadSanitizer, each with the reason.
 const LEFT_OUT: &[(&str, &str)] = &[
     (
-        "a_message_waits_for_a_receive_posted_late",
-        "bounds the bytes a receive posted 5 ms late copies; under the slowdown the receive can \
-         come after the message's wait (100 ms) is over, and the message is then copied as it \
-         should be",
-    ),
-    (
         "a_flood_for_a_tag_nobody_receives_is_bounded_by_the_budget",
         "bounds resident memory, which under the sanitizer includes its shadow memory",
     ),

@@ -20,7 +20,7 @@
 //! as messages; `peer.rs` holds one peer's queues, budget and reader roles; `tests.rs` the
 //! unit tests.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rlx_transport::{CollectiveError, Failure, Tag};
 
@@ -32,7 +32,7 @@ mod peer;
 #[cfg(all(test, not(rlx_loom)))]
 mod tests;
 
-pub(crate) use peer::{Holder, PeerState};
+pub(crate) use peer::{Holder, LONGEST_HOLD, PeerState};
 
 /// Messages at least this long that a posted receive with a buffer waits for are left on the
 /// link for that receive's thread, which lands them in place, instead of being read into an
@@ -160,6 +160,9 @@ pub(crate) struct State {
     budget: u64,
     links: usize,
     min_striped: u64,
+    /// The longest an unexpected pulled message waits for its receive ([`LONGEST_HOLD`]
+    /// unless a test sets it).
+    longest_hold: Duration,
 }
 
 impl State {
@@ -174,7 +177,13 @@ impl State {
             budget,
             links: links.clamp(1, 64),
             min_striped,
+            longest_hold: LONGEST_HOLD,
         }
+    }
+
+    /// Lets unexpected pulled messages wait at most `hold` for their receives.
+    pub(crate) fn set_longest_hold(&mut self, hold: Duration) {
+        self.longest_hold = hold;
     }
 
     /// Whether the posted receive `id` has its outcome.
@@ -424,6 +433,7 @@ impl State {
                 ),
             ));
         }
+        let longest_hold = self.longest_hold;
         let peer = self.peer(from);
         if seq != peer.next_seq {
             return Err(CollectiveError::protocol(
@@ -467,7 +477,9 @@ impl State {
             }
             None => {
                 peer.held_pull = held;
-                if header.kind == FrameKind::Pull && peer.holds_pull(seq, total, Instant::now()) {
+                if header.kind == FrameKind::Pull
+                    && peer.holds_pull(seq, total, Instant::now(), longest_hold)
+                {
                     return Ok(Landing::Park);
                 }
                 peer.held_pull = None;

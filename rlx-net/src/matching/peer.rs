@@ -39,8 +39,9 @@ pub(crate) struct LinkSlot {
 /// byte takes to copy at 1 GB/s, about what landing it in a buffer of the transport's own (a
 /// fresh allocation, then a second copy into the receive) costs.
 const HOLD_PER_BYTE: Duration = Duration::from_nanos(1);
-/// The longest an unexpected pulled message stays in its sender's memory.
-const LONGEST_HOLD: Duration = Duration::from_millis(100);
+/// The longest an unexpected pulled message stays in its sender's memory, unless a test sets
+/// another limit (`TcpTransportBuilder::longest_hold`).
+pub(crate) const LONGEST_HOLD: Duration = Duration::from_millis(100);
 /// Smaller unexpected pulled messages are taken at once, as before holds existed: the copy a
 /// hold saves them costs less than a millisecond, no more than the background watcher may take
 /// to take them once their hold is over, and with 512 KiB blocks held a scatter of two ranks
@@ -95,9 +96,16 @@ impl PeerState {
     /// stays in its sender's memory for now (its link parked). The sender waits until it is
     /// taken anyway, and a receive posted meanwhile reads it straight into its buffer; landing
     /// it now would cost a buffer of its size and a second copy. It stays for about as long as
-    /// that would take, counted from when it was first seen, and is then taken like any
-    /// message, so that ranks that send to each other before they receive still make progress.
-    pub(super) fn holds_pull(&mut self, seq: u64, total: u64, now: Instant) -> bool {
+    /// that would take (at most `longest`), counted from when it was first seen, and is then
+    /// taken like any message, so that ranks that send to each other before they receive still
+    /// make progress.
+    pub(super) fn holds_pull(
+        &mut self,
+        seq: u64,
+        total: u64,
+        now: Instant,
+        longest: Duration,
+    ) -> bool {
         if total < HOLD_MIN_BYTES {
             return false;
         }
@@ -106,7 +114,7 @@ impl PeerState {
             _ => {
                 let hold = HOLD_PER_BYTE
                     .saturating_mul(u32::try_from(total).unwrap_or(u32::MAX))
-                    .min(LONGEST_HOLD);
+                    .min(longest);
                 self.held_pull = Some(HeldPull {
                     seq,
                     until: now + hold,

@@ -83,6 +83,20 @@ impl Hub {
         }
     }
 
+    /// The hub with unexpected pulled messages waiting at most `hold` for their receives.
+    pub(crate) fn holding_pulls_for(self, hold: Duration) -> Self {
+        lock(&self.state).set_longest_hold(hold);
+        self
+    }
+
+    /// Whether a pulled message of `peer` waits in its sender's memory for its receive now.
+    pub(crate) fn holds_pull_from(&self, peer: u32) -> bool {
+        lock(&self.state)
+            .peers
+            .get(peer as usize)
+            .is_some_and(|p| p.hold_ends().is_some())
+    }
+
     /// Wakes the threads waiting on the state. A waiter registers in `sleepers` while holding
     /// the state lock before it sleeps, and every caller changes the state under that lock
     /// before calling this, so a waiter either sees the change or is counted here.

@@ -37,6 +37,8 @@ pub(crate) struct EngineConfig {
     /// The ring size of each shared-memory lane to a rank of this host (`lane.rs`); 0 keeps
     /// every link on TCP.
     pub(crate) lane_bytes: u64,
+    /// The longest an unexpected pulled message waits for its receive (`matching/peer.rs`).
+    pub(crate) longest_hold: Duration,
 }
 
 /// A raw destination address that crosses threads with the link state that uses it.

@@ -141,7 +141,8 @@ impl Engine {
             world,
             cfg,
             peers,
-            hub: Hub::new(rank, world, links, cfg.max_unexpected, cfg.min_striped),
+            hub: Hub::new(rank, world, links, cfg.max_unexpected, cfg.min_striped)
+                .holding_pulls_for(cfg.longest_hold),
             abort_tx,
             abort_rx,
             watch_tx,
@@ -152,6 +153,12 @@ impl Engine {
             catch_up: CatchUp::new(),
             single_copy: SingleCopy::new(here),
         })
+    }
+
+    /// Whether a pulled message of `peer` waits for its receive now (see
+    /// [`Hub::holds_pull_from`]).
+    pub(crate) fn holds_pull_from(&self, peer: u32) -> bool {
+        self.hub.holds_pull_from(peer)
     }
 
     pub(crate) fn op_timeout(&self) -> Duration {
