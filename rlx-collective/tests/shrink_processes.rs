@@ -28,8 +28,15 @@ use rlx_collective::{CollectiveError, FatalCause, ProcessGroup, ReduceKind, Tag,
 const WORKER: &str = "RLX_SHRINK_PROCESS_WORKER";
 /// The test that re-executes itself, as libtest names it.
 const PROCESS_TEST: &str = "a_sigstopped_rank_is_excluded_and_fails_when_it_resumes";
-/// The operation timeout of the ranks: how long a frozen rank takes to be declared dead.
-const OP_TIMEOUT: Duration = Duration::from_secs(1);
+/// The operation timeout of the ranks: how long a frozen rank takes to be declared dead. It is
+/// also how late a live survivor may be, on a busy machine, before it is taken for dead too,
+/// and a tenth of it how long a waiting survivor has to answer another's probe: with 1 s a
+/// survivor descheduled for 100 ms could be blamed and left out of the new group.
+const OP_TIMEOUT: Duration = Duration::from_secs(5);
+/// The ranks' heartbeat interval: a silence window (five beats) far longer than the operation
+/// timeout, so that the operation timeout, not the liveness check, declares the frozen rank
+/// dead, as this test is about.
+const HEARTBEAT: Duration = Duration::from_secs(10);
 /// How long the parent gives the whole job.
 const BOUND: Duration = Duration::from_secs(90);
 /// The rank that is frozen.
@@ -38,6 +45,7 @@ const FROZEN: u32 = 2;
 fn worker(spec: &str) {
     let (rank, n, port) = common::worker_spec(spec);
     let transport = common::loopback_builder(rank, n, port, OP_TIMEOUT)
+        .heartbeat(HEARTBEAT)
         .build()
         .expect("a loopback world");
     let group = ProcessGroup::new(Arc::new(transport) as Arc<dyn Transport>);
@@ -131,6 +139,16 @@ fn expect_line(lines: &mut impl BufRead, want: &str, rank: usize, deadline: Inst
     }
 }
 
+/// Lets a rank go on with a line on its stdin; a rank that ended already fails the test with
+/// how it ended and what it wrote to stderr (not with the broken pipe).
+fn go_ahead(child: &mut Child, rank: usize, deadline: Instant) {
+    let stdin = child.stdin.as_mut().expect("a worker's stdin");
+    if let Err(e) = stdin.write_all(b"go\n") {
+        finish(child, rank, deadline);
+        panic!("rank {rank} ended before its go-ahead: {e}");
+    }
+}
+
 fn signal(child: &Child, which: &str) {
     let status = Command::new("kill")
         .args([which, &child.id().to_string()])
@@ -179,9 +197,8 @@ fn a_sigstopped_rank_is_excluded_and_fails_when_it_resumes() {
         expect_line(out, "ready", rank, deadline);
     }
     signal(&reaper.0[FROZEN as usize], "-STOP");
-    for child in &mut reaper.0 {
-        let stdin = child.stdin.as_mut().expect("a worker's stdin");
-        stdin.write_all(b"go\n").expect("the go-ahead");
+    for (rank, child) in reaper.0.iter_mut().enumerate() {
+        go_ahead(child, rank, deadline);
     }
     for (rank, out) in outputs.iter_mut().enumerate() {
         if rank as u32 != FROZEN {
@@ -198,8 +215,7 @@ fn a_sigstopped_rank_is_excluded_and_fails_when_it_resumes() {
     finish(&mut reaper.0[FROZEN as usize], FROZEN as usize, deadline);
     for (rank, child) in reaper.0.iter_mut().enumerate() {
         if rank as u32 != FROZEN {
-            let stdin = child.stdin.as_mut().expect("a worker's stdin");
-            stdin.write_all(b"go\n").expect("the second go-ahead");
+            go_ahead(child, rank, deadline);
         }
     }
     for (rank, out) in outputs.iter_mut().enumerate() {
