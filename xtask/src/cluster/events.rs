@@ -75,7 +75,7 @@ pub(crate) enum Event {
         /// Result bytes checked so far.
         bytes: u64,
         /// Its resources between two rounds, when it could read them.
-        usage: Option<super::soak::Usage>,
+        usage: Option<Usage>,
     },
     /// The rank is in a grown world (it grew its group, or it joined as a replacement).
     Grown {
@@ -168,6 +168,43 @@ impl ErrorRecord {
             peer,
             message: error.to_string(),
             during,
+        }
+    }
+}
+
+/// One rank's resources at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Usage {
+    pub(super) rss_kib: u64,
+    pub(super) fds: u64,
+    pub(super) threads: u64,
+}
+
+impl Usage {
+    /// Reads process `pid`'s usage from `/proc`; `None` once it is gone.
+    pub(super) fn of(pid: u32) -> Option<Usage> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|value| value.parse().ok())
+        };
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
+        Some(Usage {
+            rss_kib: field("VmRSS:")?,
+            fds,
+            threads: field("Threads:")?,
+        })
+    }
+
+    /// The larger of each figure.
+    pub(super) fn max(self, other: Usage) -> Usage {
+        Usage {
+            rss_kib: self.rss_kib.max(other.rss_kib),
+            fds: self.fds.max(other.fds),
+            threads: self.threads.max(other.threads),
         }
     }
 }

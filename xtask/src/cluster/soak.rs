@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use super::args::ClusterArgs;
-use super::events::Event;
+use super::events::{Event, Usage};
 use crate::job::{Job, Output, Stream};
 use crate::world::{self, World};
 
@@ -30,43 +30,6 @@ const THREAD_GROWTH_BOUND: u64 = 2;
 
 /// How long after the duration the ranks have to finish their last round and report.
 const FINISH_GRACE: Duration = Duration::from_secs(120);
-
-/// One rank's resources at one moment.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub(super) struct Usage {
-    rss_kib: u64,
-    fds: u64,
-    threads: u64,
-}
-
-impl Usage {
-    /// Reads process `pid`'s usage from `/proc`; `None` once it is gone.
-    pub(super) fn of(pid: u32) -> Option<Usage> {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix(name))
-                .and_then(|rest| rest.split_whitespace().next())
-                .and_then(|value| value.parse().ok())
-        };
-        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
-        Some(Usage {
-            rss_kib: field("VmRSS:")?,
-            fds,
-            threads: field("Threads:")?,
-        })
-    }
-
-    /// The larger of each figure.
-    fn max(self, other: Usage) -> Usage {
-        Usage {
-            rss_kib: self.rss_kib.max(other.rss_kib),
-            fds: self.fds.max(other.fds),
-            threads: self.threads.max(other.threads),
-        }
-    }
-}
 
 /// The samples one rank reported, each with when it arrived.
 #[derive(Debug, Default)]

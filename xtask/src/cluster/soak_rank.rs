@@ -15,8 +15,7 @@ use rlx_collective::conformance::SplitMix;
 use rlx_collective::conformance::reference::{self, Expected};
 use rlx_collective::{CollectiveHandle, DType, ProcessGroup, ReduceKind};
 
-use super::events::{ErrorRecord, Event};
-use super::soak::Usage;
+use super::events::{ErrorRecord, Event, Usage};
 
 /// The largest buffer one round moves in total (the sizes of the operations in flight add up
 /// to at most this).
