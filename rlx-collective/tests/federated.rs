@@ -6,51 +6,8 @@ mod common;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use rlx_collective::{CollectiveError, Failure, MemTransport, ProcessGroup, Tag, Transport};
-
-/// A rank's transport that reports, on `handed_over`, when its first contribution (a message
-/// to rank 0 under phase 0 of an operation) has been handed over. `MemTransport`'s send is
-/// synchronous: once it returns, the message waits in rank 0's inbox, so rank 0 finds it at
-/// once whenever it looks.
-struct Announcing {
-    inner: Arc<MemTransport>,
-    handed_over: Mutex<Option<mpsc::Sender<u32>>>,
-}
-
-impl Transport for Announcing {
-    fn rank(&self) -> u32 {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> u32 {
-        self.inner.world_size()
-    }
-    fn send_message(&self, to: u32, tag: Tag, parts: &[&[u8]]) -> Result<(), CollectiveError> {
-        self.inner.send_message(to, tag, parts)?;
-        if to == 0 && !tag.is_user() && tag.phase() == 0 {
-            if let Some(tx) = self.handed_over.lock().unwrap().take() {
-                let _ = tx.send(self.rank());
-            }
-        }
-        Ok(())
-    }
-    fn recv_message(
-        &self,
-        from: u32,
-        tag: Tag,
-        timeout: Duration,
-    ) -> Result<Option<Vec<u8>>, CollectiveError> {
-        self.inner.recv_message(from, tag, timeout)
-    }
-    fn send_failure(&self, to: u32, tag: Tag, failure: Failure) -> Result<(), CollectiveError> {
-        self.inner.send_failure(to, tag, failure)
-    }
-    fn op_timeout(&self) -> Duration {
-        self.inner.op_timeout()
-    }
-    fn abort(&self) {
-        self.inner.abort();
-    }
-}
+use common::hooked::Hooked;
+use rlx_collective::{CollectiveError, MemTransport, ProcessGroup, Transport};
 
 /// Round 1's deadline runs from rank 0's start of the round, so the order is arranged rather
 /// than left to the scheduler: rank 0 starts round 1 only once ranks 1 and 2 have handed
@@ -64,11 +21,20 @@ fn a_late_contribution_never_reaches_a_later_round() {
     let groups: Vec<ProcessGroup> = MemTransport::fan_out_with_timeout(world, common::TEST_TIMEOUT)
         .into_iter()
         .map(|inner| {
-            let on_time = inner.rank() != 0 && inner.rank() != late;
-            ProcessGroup::new(Arc::new(Announcing {
-                inner,
-                handed_over: Mutex::new(on_time.then(|| handed_over.clone())),
-            }) as Arc<dyn Transport>)
+            // Ranks 1 and 2 say once their first message to rank 0 under phase 0 (their
+            // round-1 contribution) has been handed over. `MemTransport`'s send is
+            // synchronous: once it returns, the message waits in rank 0's inbox, so rank 0
+            // finds it at once whenever it looks.
+            let rank = inner.rank();
+            let on_time = rank != 0 && rank != late;
+            let handed_over = Mutex::new(on_time.then(|| handed_over.clone()));
+            ProcessGroup::new(Arc::new(Hooked::new(inner).after_send(move |to, tag| {
+                if to == 0 && !tag.is_user() && tag.phase() == 0 {
+                    if let Some(tx) = handed_over.lock().unwrap().take() {
+                        let _ = tx.send(rank);
+                    }
+                }
+            })) as Arc<dyn Transport>)
         })
         .collect();
     let wait_for_contributions = Mutex::new(wait_for_contributions);

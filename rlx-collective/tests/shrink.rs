@@ -8,6 +8,7 @@
 mod common;
 
 use common::checked::{Rng, plan, run_checked};
+use common::hooked::Hooked;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -223,63 +224,6 @@ fn shrinking_twice_loses_a_second_rank() {
     }
 }
 
-/// A transport that dies (aborts) on its `die_after`-th send, counting from its creation:
-/// the single-crash points of an agreement, one per send.
-struct CrashAfter {
-    inner: Arc<MemTransport>,
-    sends: AtomicU64,
-    die_after: u64,
-}
-
-impl CrashAfter {
-    fn count(&self) -> Result<(), CollectiveError> {
-        if self.sends.fetch_add(1, Ordering::SeqCst) + 1 >= self.die_after {
-            self.inner.abort();
-            return Err(CollectiveError::Aborted);
-        }
-        Ok(())
-    }
-}
-
-impl Transport for CrashAfter {
-    fn rank(&self) -> u32 {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> u32 {
-        self.inner.world_size()
-    }
-    fn send_message(&self, to: u32, tag: Tag, parts: &[&[u8]]) -> Result<(), CollectiveError> {
-        self.count()?;
-        self.inner.send_message(to, tag, parts)
-    }
-    fn recv_message(
-        &self,
-        from: u32,
-        tag: Tag,
-        timeout: Duration,
-    ) -> Result<Option<Vec<u8>>, CollectiveError> {
-        self.inner.recv_message(from, tag, timeout)
-    }
-    fn send_failure(
-        &self,
-        to: u32,
-        tag: Tag,
-        failure: rlx_collective::Failure,
-    ) -> Result<(), CollectiveError> {
-        self.count()?;
-        self.inner.send_failure(to, tag, failure)
-    }
-    fn op_timeout(&self) -> Duration {
-        self.inner.op_timeout()
-    }
-    fn abort(&self) {
-        self.inner.abort();
-    }
-    fn exclude_peer(&self, peer: u32) -> Result<(), CollectiveError> {
-        self.inner.exclude_peer(peer)
-    }
-}
-
 /// Every single crash of the agreement: in worlds of 2 to 5 ranks, one rank (each in turn)
 /// dies at its k-th send of a shrink (each k up to more sends than a shrink makes, so the
 /// last cases are crash-free), while another rank was already lost before it. Every survivor
@@ -304,12 +248,18 @@ fn crash_case(n: u32, dying: u32, lost_before: Option<u32>, k: u64) {
     let groups: Vec<ProcessGroup> = MemTransport::fan_out_with_timeout(n, OP_TIMEOUT)
         .into_iter()
         .map(|t| {
+            // Dies (aborts) on its `die_after`-th send, counting from its creation: the
+            // single-crash points of an agreement, one per send.
             let die_after = if t.rank() == dying { k } else { u64::MAX };
-            ProcessGroup::new(Arc::new(CrashAfter {
-                inner: t,
-                sends: AtomicU64::new(0),
-                die_after,
-            }) as Arc<dyn Transport>)
+            let sends = AtomicU64::new(0);
+            let inner = Arc::clone(&t);
+            ProcessGroup::new(Arc::new(Hooked::new(t).before_send(move |_| {
+                if sends.fetch_add(1, Ordering::SeqCst) + 1 >= die_after {
+                    inner.abort();
+                    return Err(CollectiveError::Aborted);
+                }
+                Ok(())
+            })) as Arc<dyn Transport>)
         })
         .collect();
     let results = common::on_each(groups, move |group| {
@@ -366,51 +316,6 @@ fn crash_case(n: u32, dying: u32, lost_before: Option<u32>, k: u64) {
     }
 }
 
-/// A transport whose operation timeout can be changed while it is in use: the survivors of
-/// the stalled-rank test need a short one to declare the silent rank dead, and a long one
-/// afterwards, so that no healthy operation of theirs can time out on a loaded machine.
-struct Adjustable {
-    inner: Arc<MemTransport>,
-    timeout: Arc<Mutex<Duration>>,
-}
-
-impl Transport for Adjustable {
-    fn rank(&self) -> u32 {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> u32 {
-        self.inner.world_size()
-    }
-    fn send_message(&self, to: u32, tag: Tag, parts: &[&[u8]]) -> Result<(), CollectiveError> {
-        self.inner.send_message(to, tag, parts)
-    }
-    fn recv_message(
-        &self,
-        from: u32,
-        tag: Tag,
-        timeout: Duration,
-    ) -> Result<Option<Vec<u8>>, CollectiveError> {
-        self.inner.recv_message(from, tag, timeout)
-    }
-    fn send_failure(
-        &self,
-        to: u32,
-        tag: Tag,
-        failure: rlx_collective::Failure,
-    ) -> Result<(), CollectiveError> {
-        self.inner.send_failure(to, tag, failure)
-    }
-    fn op_timeout(&self) -> Duration {
-        *self.timeout.lock().unwrap()
-    }
-    fn abort(&self) {
-        self.inner.abort();
-    }
-    fn exclude_peer(&self, peer: u32) -> Result<(), CollectiveError> {
-        self.inner.exclude_peer(peer)
-    }
-}
-
 /// A rank that stops answering (a stalled process) is declared dead after the operation
 /// timeout; when it wakes up it fails with an error naming itself as excluded, and nothing it
 /// sends reaches the survivors' new group.
@@ -433,10 +338,12 @@ fn a_stalled_rank_that_wakes_up_is_excluded_and_cannot_reach_the_new_group() {
         .into_iter()
         .zip(&timeouts)
         .map(|(inner, timeout)| {
-            ProcessGroup::new(Arc::new(Adjustable {
-                inner,
-                timeout: Arc::clone(timeout),
-            }) as Arc<dyn Transport>)
+            // The survivors need a short timeout to declare the silent rank dead, and a long
+            // one afterwards, so that no healthy operation of theirs can time out on a
+            // loaded machine: the test changes it while they run.
+            ProcessGroup::new(
+                Arc::new(Hooked::new(inner).op_timeout(Arc::clone(timeout))) as Arc<dyn Transport>
+            )
         })
         .collect();
     // Each survivor sends its rank once it has its new group; the stalled rank sends one

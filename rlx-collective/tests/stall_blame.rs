@@ -19,9 +19,10 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
+use common::hooked::Hooked;
 use rlx_collective::{
-    Admission, Algorithm, CollectiveError, CollectiveOp, Failure, MemTransport, ProcessGroup,
-    ReduceKind, Tag, Transport, WORLD_GROUP_ID,
+    Algorithm, CollectiveError, CollectiveOp, MemTransport, ProcessGroup, ReduceKind, Tag,
+    Transport, WORLD_GROUP_ID,
 };
 
 /// Operation timeout of the one survivor of a world that walks the chain of waits. Every other
@@ -48,49 +49,6 @@ fn blamed(error: &CollectiveError) -> Option<u32> {
         CollectiveError::Timeout { peer, .. } => *peer,
         CollectiveError::GroupFailed { peer, .. } => Some(*peer),
         _ => None,
-    }
-}
-
-/// A rank's in-process transport with an operation timeout of its own, so that the ranks of
-/// one world give up at different times. Every method `MemTransport` implements is forwarded
-/// to it, so the collectives see no other difference.
-struct OwnTimeout {
-    inner: Arc<MemTransport>,
-    op_timeout: Duration,
-}
-
-impl Transport for OwnTimeout {
-    fn rank(&self) -> u32 {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> u32 {
-        self.inner.world_size()
-    }
-    fn send_message(&self, to: u32, tag: Tag, parts: &[&[u8]]) -> Result<(), CollectiveError> {
-        self.inner.send_message(to, tag, parts)
-    }
-    fn recv_message(
-        &self,
-        from: u32,
-        tag: Tag,
-        timeout: Duration,
-    ) -> Result<Option<Vec<u8>>, CollectiveError> {
-        self.inner.recv_message(from, tag, timeout)
-    }
-    fn send_failure(&self, to: u32, tag: Tag, failure: Failure) -> Result<(), CollectiveError> {
-        self.inner.send_failure(to, tag, failure)
-    }
-    fn op_timeout(&self) -> Duration {
-        self.op_timeout
-    }
-    fn exclude_peer(&self, peer: u32) -> Result<(), CollectiveError> {
-        self.inner.exclude_peer(peer)
-    }
-    fn admission(&self) -> Option<&dyn Admission> {
-        self.inner.admission()
-    }
-    fn abort(&self) {
-        self.inner.abort();
     }
 }
 
@@ -123,7 +81,10 @@ fn stall_world(
             } else {
                 common::TEST_TIMEOUT
             };
-            let group = ProcessGroup::new(Arc::new(OwnTimeout { inner, op_timeout }));
+            // An operation timeout of its own, so that the ranks of one world give up at
+            // different times.
+            let group =
+                ProcessGroup::new(Arc::new(Hooked::new(inner).fixed_op_timeout(op_timeout)));
             let release = Arc::clone(&release);
             let start = Arc::clone(&start);
             thread::spawn(move || {

@@ -46,12 +46,10 @@ pub(crate) enum Sanitizer {
 const TARGET: &str = "x86_64-unknown-linux-gnu";
 
 /// Tests left out under ThreadSanitizer, each with the reason.
-const LEFT_OUT: &[(&str, &str)] = &[
-    (
-        "a_flood_for_a_tag_nobody_receives_is_bounded_by_the_budget",
-        "bounds resident memory, which under the sanitizer includes its shadow memory",
-    ),
-];
+const LEFT_OUT: &[(&str, &str)] = &[(
+    "a_flood_for_a_tag_nobody_receives_is_bounded_by_the_budget",
+    "bounds resident memory, which under the sanitizer includes its shadow memory",
+)];
 
 /// Tests the quick selection also leaves out, to keep CI inside its time, each with the
 /// reason; the full run (`cargo xtask sanitize`) runs them.

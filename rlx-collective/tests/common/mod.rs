@@ -7,6 +7,7 @@
 )]
 
 pub(crate) mod checked;
+pub(crate) mod hooked;
 
 use std::sync::Arc;
 use std::time::Duration;
