@@ -1,6 +1,6 @@
 //! Tidy checks over the whole workspace source, in the spirit of rust-analyzer's: every Rust file
-//! opens with a `//!` doc saying what it is for, and no file carries an unexplained marker of
-//! unfinished work.
+//! opens with a `//!` doc saying what it is for, no file carries an unexplained marker of
+//! unfinished work, and every file ARCHITECTURE.md names exists.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -83,4 +83,32 @@ fn no_unfinished_work_markers() {
         }
     }
     assert!(found.is_empty(), "unfinished work: {found:#?}");
+}
+
+/// Every repository path that ARCHITECTURE.md names in backticks (a path with a `/` and a file
+/// extension, or ending in `/`) exists, so that the map a newcomer follows never leads to a file
+/// that was moved or removed.
+#[test]
+fn every_file_architecture_names_exists() {
+    let root = workspace_root();
+    let text = fs::read_to_string(root.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let named: Vec<&str> = text
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|span| {
+            let path_like = !span.contains(' ') && !span.contains("::") && span.contains('/');
+            let last = span.rsplit('/').next().unwrap_or_default();
+            path_like && (span.ends_with('/') || last.contains('.'))
+        })
+        .collect();
+    assert!(named.len() > 10, "ARCHITECTURE.md names only {named:?}");
+    let missing: Vec<_> = named
+        .into_iter()
+        .filter(|path| !root.join(path.trim_end_matches('/')).exists())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md names files that do not exist: {missing:#?}"
+    );
 }
