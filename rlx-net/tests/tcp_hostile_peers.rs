@@ -141,24 +141,41 @@ fn hostfile(ports: &[u16]) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// The bytes `socket`'s connection has received so far (`tcpi_bytes_received` of `TCP_INFO`).
+/// The bytes `socket`'s connection has received so far: `tcpi_bytes_received` of Linux's
+/// `TCP_INFO`, `tcpi_rxbytes` of macOS's `TCP_CONNECTION_INFO`.
 fn bytes_received(socket: &socket2::Socket) -> u64 {
-    // SAFETY: `tcp_info` is plain old data, for which all zeroes is a valid value.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: `info` is a writable `tcp_info` of `len` bytes, and the descriptor is open for
-    // as long as `socket` is borrowed.
+    #[cfg(target_os = "linux")]
+    let received = tcp_info::<libc::tcp_info>(socket, libc::TCP_INFO).tcpi_bytes_received;
+    #[cfg(target_os = "macos")]
+    let received =
+        tcp_info::<libc::tcp_connection_info>(socket, libc::TCP_CONNECTION_INFO).tcpi_rxbytes;
+    received
+}
+
+/// The `IPPROTO_TCP` option `option` of `socket`, a C struct of type `T`.
+fn tcp_info<T>(socket: &socket2::Socket, option: libc::c_int) -> T {
+    // SAFETY: `T` is one of the kernel's TCP information structs, plain old data for which all
+    // zeroes is a valid value.
+    let mut info: T = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: `info` is a writable `T` of `len` bytes, and the descriptor is open for as long
+    // as `socket` is borrowed.
     let rc = unsafe {
         libc::getsockopt(
             socket.as_raw_fd(),
             libc::IPPROTO_TCP,
-            libc::TCP_INFO,
+            option,
             (&raw mut info).cast(),
             &mut len,
         )
     };
-    assert_eq!(rc, 0, "TCP_INFO: {}", std::io::Error::last_os_error());
-    info.tcpi_bytes_received
+    assert_eq!(
+        rc,
+        0,
+        "TCP information: {}",
+        std::io::Error::last_os_error()
+    );
+    info
 }
 
 /// Every malformed hello at a rank's link listener is refused with its reason, or closed when
