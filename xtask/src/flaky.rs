@@ -5,12 +5,12 @@
 //!
 //! Runs are interleaved (every test once, then every test again), so a disturbance of the
 //! machine spreads over many tests instead of sinking one. A run that outlives its time limit
-//! counts as a failure (a hang) and is killed with every process it started. Every run's output
-//! is kept under `target/flaky/`, named by test and run. The binaries are copied there first,
-//! so that building the workspace again while a hunt goes on does not change what it runs.
+//! counts as a failure (a hang) and is stopped with every process it started (`supervise`).
+//! Every run's output is kept under `target/flaky/`, named by test and run. The binaries are
+//! copied there first, so that building the workspace again while a hunt goes on does not
+//! change what it runs.
 
 use std::collections::BTreeSet;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 
 use crate::cmd::{cargo, workspace_root};
+use crate::supervise::{Supervised, supervise};
 
 /// Flags of `cargo xtask flaky`.
 #[derive(Debug, Args)]
@@ -316,37 +317,16 @@ fn hunt(args: &FlakyArgs, cases: &[TestCase], dir: &Path) -> Result<Vec<Tally>, 
 
 /// One run of one test, its output into `log`: `Ok(Err(why))` when the test failed or hung.
 fn run_once(case: &TestCase, log: &Path, limit: Duration) -> Result<Result<(), String>, String> {
-    let file = File::create(log).map_err(|e| format!("flaky: {}: {e}", log.display()))?;
-    let copy = file
-        .try_clone()
-        .map_err(|e| format!("flaky: {}: {e}", log.display()))?;
     let mut command = Command::new(&case.program);
     command
         .current_dir(&case.dir)
         .args(&case.args)
-        .stdin(Stdio::null())
-        .stdout(file)
-        .stderr(copy);
-    // Its own process group, so that a hang is killed with every rank it started.
-    std::os::unix::process::CommandExt::process_group(&mut command, 0);
-    let mut child = command
-        .spawn()
-        .map_err(|e| format!("flaky: could not start {}: {e}", case.label))?;
-    let deadline = Instant::now() + limit;
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) if status.success() => return Ok(Ok(())),
-            Ok(Some(status)) => return Ok(Err(status.to_string())),
-            Ok(None) if Instant::now() >= deadline => {
-                // SAFETY: `kill` on the child's own process group has no memory effects; a
-                // group that is already gone gives ESRCH, which changes nothing.
-                unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
-                let _ = child.wait();
-                return Ok(Err(format!("hung: killed after {} s", limit.as_secs())));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(format!("flaky: waiting for {}: {e}", case.label)),
-        }
+        .stdin(Stdio::null());
+    match supervise(&mut command, log, limit) {
+        Supervised::Exited(status) if status.success() => Ok(Ok(())),
+        Supervised::Exited(status) => Ok(Err(status.to_string())),
+        Supervised::Deadline => Ok(Err(format!("hung: stopped after {} s", limit.as_secs()))),
+        Supervised::NotStarted(why) => Err(format!("flaky: {}: {why}", case.label)),
     }
 }
 

@@ -17,6 +17,7 @@ mod loom;
 mod macos;
 mod netns;
 mod sanitize;
+mod supervise;
 mod tcp_counters;
 mod world;
 

@@ -19,6 +19,7 @@ use rlx_collective::conformance::SplitMix;
 
 use super::args::{ClusterArgs, Scenario};
 use super::worker;
+use crate::supervise::{Supervised, supervise};
 use crate::world::{self, TransportKind};
 
 /// The ranks' operation timeout in every trial: short, so that a stall is found in seconds.
@@ -290,7 +291,7 @@ fn run_trial(
     if args.world.netns {
         command.arg("--netns");
     }
-    let outcome = supervise_trial(&mut command, &log);
+    let outcome = supervise(&mut command, &log, TRIAL_HARD_DEADLINE);
     let mut trial = match std::fs::read_to_string(&json)
         .ok()
         .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
@@ -302,14 +303,14 @@ fn run_trial(
         },
     };
     match outcome {
-        TrialEnd::Exited(true) => {}
-        TrialEnd::Exited(false) => {
+        Supervised::Exited(status) if status.success() => {}
+        Supervised::Exited(_) => {
             trial.passed = false;
             trial
                 .first_problem
                 .get_or_insert_with(|| "the trial failed".to_owned());
         }
-        TrialEnd::Deadline => {
+        Supervised::Deadline => {
             trial.passed = false;
             trial.hung = true;
             trial.first_problem = Some(format!(
@@ -317,68 +318,12 @@ fn run_trial(
                 TRIAL_HARD_DEADLINE.as_secs()
             ));
         }
-        TrialEnd::NotStarted(why) => {
+        Supervised::NotStarted(why) => {
             trial.passed = false;
             trial.first_problem = Some(why);
         }
     }
     trial
-}
-
-/// How a trial's process ended.
-enum TrialEnd {
-    /// It exited; true on success.
-    Exited(bool),
-    /// It was stopped at the hard deadline.
-    Deadline,
-    /// It could not be started.
-    NotStarted(String),
-}
-
-/// Runs `command` with its output in `log`, in a process group of its own, to its end or the
-/// hard deadline.
-fn supervise_trial(command: &mut Command, log: &Path) -> TrialEnd {
-    use std::os::unix::process::CommandExt;
-
-    let file = match std::fs::File::create(log) {
-        Ok(file) => file,
-        Err(e) => return TrialEnd::NotStarted(format!("{}: {e}", log.display())),
-    };
-    let (out, err) = match (file.try_clone(), file.try_clone()) {
-        (Ok(out), Ok(err)) => (out, err),
-        (Err(e), _) | (_, Err(e)) => return TrialEnd::NotStarted(format!("log: {e}")),
-    };
-    let mut child = match command.stdout(out).stderr(err).process_group(0).spawn() {
-        Ok(child) => child,
-        Err(e) => return TrialEnd::NotStarted(format!("could not start the trial: {e}")),
-    };
-    let deadline = Instant::now() + TRIAL_HARD_DEADLINE;
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => return TrialEnd::Exited(status.success()),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            _ => break,
-        }
-    }
-    let group = libc::pid_t::try_from(child.id()).unwrap_or(0);
-    for (signal, wait) in [(libc::SIGTERM, 5), (libc::SIGKILL, 0)] {
-        if group > 0 {
-            // SAFETY: `kill` has no memory-safety preconditions; the group is the one the trial
-            // leads, and the trial is not reaped yet, so the id cannot have been recycled.
-            unsafe {
-                libc::kill(-group, signal);
-            }
-        }
-        let until = Instant::now() + Duration::from_secs(wait);
-        while Instant::now() < until {
-            if let Ok(Some(_)) = child.try_wait() {
-                return TrialEnd::Deadline;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-    let _ = child.wait();
-    TrialEnd::Deadline
 }
 
 /// The verdict of one trial's JSON report.
