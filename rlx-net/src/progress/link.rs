@@ -10,8 +10,8 @@ use std::time::Duration;
 use crate::frame::{FrameHeader, HEADER_LEN};
 use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering, lock};
 
-use super::bounce::Bounce;
-use super::lane::{LaneIn, LaneOut};
+use super::same_host::Bounce;
+use super::same_host::{LaneIn, LaneOut};
 use super::socket::{read_some, send_vectored, with_frame_slices};
 
 /// Size of each link's staging buffer: small frames arrive many to a `read`.

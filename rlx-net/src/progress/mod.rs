@@ -24,32 +24,24 @@
 //!
 //! Layout: this file holds the [`Engine`], its construction, failure and close; `hub.rs` the
 //! socket-free matching state, wake-up rule and receive loop (the part the loom models check);
-//! `recv.rs` the engine's socket side of that loop; `catch_up.rs` the reading of every link after
-//! this process was stopped; `service.rs` the link service that lands frames; `send.rs` the send
-//! path; `single_copy.rs` large messages between ranks of one host read straight from the sender's
-//! memory, over the OS calls of `cross_memory.rs`; `bounce.rs` their heads copied through a
-//! shared-memory file instead, over the OS calls of `shared_memory.rs`; `lane.rs` link 0 to a
-//! rank of this host carried through a shared-memory ring; `exchange.rs` a send and a receive run together
-//! by one thread; `traffic.rs` the byte counters; `watch.rs` the background watcher; `heartbeat.rs`
-//! the heartbeats and the silence rule; `link.rs` the per-peer sockets and link state; `socket.rs`
-//! the OS calls (`poll(2)`, vectored sends, wake-up sockets).
+//! `recv.rs` the engine's socket side of that loop; `service.rs` the link service that lands
+//! frames; `send.rs` the send path; `exchange.rs` a send and a receive run together by one
+//! thread; `link.rs` the per-peer sockets and link state; `socket.rs` the OS calls (`poll(2)`,
+//! vectored sends, wake-up sockets); `traffic.rs` the byte counters. Two rooms of their own:
+//! `liveness/` (the background watcher, heartbeats and the silence rule, catching up after a
+//! stop) and `same_host/` (the fast paths between ranks of one host: single copy, bounce files,
+//! lanes, and the OS calls under them).
 
-mod bounce;
-mod catch_up;
-mod cross_memory;
 mod exchange;
-mod heartbeat;
 mod hub;
-mod lane;
 mod link;
+mod liveness;
 mod recv;
+mod same_host;
 mod send;
 mod service;
-mod shared_memory;
-mod single_copy;
 mod socket;
 mod traffic;
-mod watch;
 
 use std::io;
 use std::net::{Shutdown, SocketAddr};
@@ -62,20 +54,20 @@ use crate::error::Lost;
 use crate::frame::{FrameHeader, FrameKind};
 use crate::sync::{AtomicBool, Mutex, lock};
 
-pub(crate) use heartbeat::DEFAULT_HEARTBEAT;
+pub(crate) use liveness::DEFAULT_HEARTBEAT;
 
-use self::catch_up::CatchUp;
-use self::single_copy::SingleCopy;
+use self::liveness::CatchUp;
+use self::same_host::SingleCopy;
 use self::traffic::TrafficCounters;
 
 pub(crate) use hub::Hub;
 // The loom models drive the receive loop through a fake of the sockets.
-pub(crate) use bounce::DEFAULT_MAX_BOUNCED;
 #[cfg(rlx_loom)]
 pub(crate) use hub::{DriveEnd, Links};
-pub(crate) use lane::DEFAULT_LANE_BYTES;
 pub(crate) use link::{EngineConfig, PeerIo};
-pub(crate) use single_copy::DEFAULT_MIN_SINGLE_COPY;
+pub(crate) use same_host::DEFAULT_LANE_BYTES;
+pub(crate) use same_host::DEFAULT_MAX_BOUNCED;
+pub(crate) use same_host::DEFAULT_MIN_SINGLE_COPY;
 use socket::{WakeWrite, peer_on_this_host, read_some, same_host_congestion_control};
 
 /// Default of [`EngineConfig::spin`]: how long a thread that waits for its own receive spins

@@ -15,12 +15,12 @@ use crate::matching::Holder;
 use crate::sync::{Mutex, MutexGuard, TryLockError, lock};
 
 use super::Engine;
-use super::bounce::Bounced;
 use super::exchange::Companion;
 use super::hub::take_free_links;
 use super::link::{Link, PeerIo, TxState};
+use super::same_host::Bounced;
+use super::same_host::DESCRIPTOR_LEN;
 use super::service::Service;
-use super::single_copy::DESCRIPTOR_LEN;
 use super::socket::{POLL_FDS, poll, pollfd};
 
 /// A sender reading other links while its write blocks re-checks who wants them this often.

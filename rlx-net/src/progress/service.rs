@@ -13,7 +13,7 @@ use crate::sync::lock;
 
 use super::Engine;
 use super::link::{Land, Link, LinkRx, Payload, RawDest};
-use super::single_copy::{DESCRIPTOR_LEN, descriptor};
+use super::same_host::{DESCRIPTOR_LEN, descriptor};
 
 /// Payloads at least this long (with nothing staged) are read straight into their destination.
 const DIRECT_READ_MIN: u64 = 16 * 1024;

@@ -35,10 +35,10 @@ use crate::error::Lost;
 use crate::frame::{FrameHeader, FrameKind};
 use crate::sync::lock;
 
-use super::Engine;
-use super::link::PeerIo;
-use super::send::Whole;
-use super::socket::{poll, pollfd};
+use crate::progress::Engine;
+use crate::progress::link::PeerIo;
+use crate::progress::send::Whole;
+use crate::progress::socket::{poll, pollfd};
 
 /// Default of [`EngineConfig::heartbeat`](super::EngineConfig::heartbeat): one beat a second,
 /// so that a silent peer is lost after 5 s.
@@ -46,7 +46,7 @@ pub(crate) const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// A peer not heard from for this many heartbeat intervals is lost. Five leaves room for a
 /// beat delayed by a loaded machine (the watcher thread waiting for a core) several times over.
-pub(super) const SILENT_BEATS: u32 = 5;
+pub(in crate::progress) const SILENT_BEATS: u32 = 5;
 
 /// Rounds of the monitor per heartbeat interval: silence is measured to a quarter interval.
 const ROUNDS_PER_BEAT: u32 = 4;
@@ -78,7 +78,7 @@ struct Standing {
 
 /// The heartbeat monitor; the watcher thread owns it and calls [`Pulse::tick`] every round.
 #[derive(Debug)]
-pub(super) struct Pulse {
+pub(in crate::progress) struct Pulse {
     interval: Duration,
     window: Duration,
     /// How long a peer may hold the unexpected budget with nothing received.
@@ -90,7 +90,7 @@ pub(super) struct Pulse {
 
 impl Pulse {
     /// The monitor of `engine`'s peers, or `None` when heartbeats are off.
-    pub(super) fn new(engine: &Engine) -> Option<Self> {
+    pub(in crate::progress) fn new(engine: &Engine) -> Option<Self> {
         let interval = engine.cfg.heartbeat;
         if interval.is_zero() {
             return None;
@@ -115,7 +115,7 @@ impl Pulse {
 
     /// Beats where a link was silent, and declares silent peers lost; does nothing until a
     /// round is due. Never blocks.
-    pub(super) fn tick(&mut self, engine: &Engine) {
+    pub(in crate::progress) fn tick(&mut self, engine: &Engine) {
         let now = Instant::now();
         let since = now.duration_since(self.last_round);
         if since < self.round {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use crate::sync::{AtomicBool, AtomicU64, Ordering};
 
-use super::Engine;
+use crate::progress::Engine;
 
 /// The watcher's rounds take its polling period (20 ms) plus what they read; a round that
 /// ends this long after the previous one began means this process, or its watcher, did not
@@ -32,7 +32,7 @@ const HANDOVER_WAIT: Duration = Duration::from_millis(100);
 
 /// When the links were last all looked at, and whether a catch-up is due.
 #[derive(Debug)]
-pub(super) struct CatchUp {
+pub(in crate::progress) struct CatchUp {
     /// The clock's origin for `swept_at`.
     epoch: Instant,
     /// When the last completed watcher round or catch-up began, in nanoseconds since `epoch`.
@@ -43,7 +43,7 @@ pub(super) struct CatchUp {
 }
 
 impl CatchUp {
-    pub(super) fn new() -> Self {
+    pub(in crate::progress) fn new() -> Self {
         Self {
             epoch: Instant::now(),
             swept_at: AtomicU64::new(0),
@@ -71,7 +71,7 @@ impl CatchUp {
     /// The watcher finished a round that began at `began`; the round before it began at
     /// `previous`. A gap longer than [`STALE_AFTER`] leaves a catch-up due: links the watcher
     /// did not hold (a receiver had just released them) may hold old bytes too.
-    pub(super) fn watcher_round(&self, previous: Instant, began: Instant) {
+    pub(in crate::progress) fn watcher_round(&self, previous: Instant, began: Instant) {
         if Instant::now().saturating_duration_since(previous) > STALE_AFTER {
             tracing::debug!("the watcher ran late (this process was stopped or starved)");
             self.due.store(true, Ordering::Release);
@@ -83,7 +83,7 @@ impl CatchUp {
 impl Engine {
     /// Reads every link once when bytes may have been waiting unparsed since this process was
     /// stopped (see the module docs); otherwise costs a clock read.
-    pub(super) fn catch_up_if_needed(&self) {
+    pub(in crate::progress) fn catch_up_if_needed(&self) {
         if self.world < 2 {
             return;
         }

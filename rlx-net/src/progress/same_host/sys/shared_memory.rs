@@ -13,11 +13,11 @@ use std::io;
 use std::os::fd::OwnedFd;
 
 /// Whether this system has the calls at all.
-pub(super) const SUPPORTED: bool = cfg!(target_os = "linux");
+pub(in crate::progress::same_host) const SUPPORTED: bool = cfg!(target_os = "linux");
 
 /// A shared mapping of a whole file, unmapped on drop.
 #[derive(Debug)]
-pub(super) struct SharedMap {
+pub(in crate::progress::same_host) struct SharedMap {
     ptr: *mut u8,
     len: usize,
 }
@@ -29,12 +29,12 @@ unsafe impl Send for SharedMap {}
 
 impl SharedMap {
     /// The first byte of the mapping.
-    pub(super) fn ptr(&self) -> *mut u8 {
+    pub(in crate::progress::same_host) fn ptr(&self) -> *mut u8 {
         self.ptr
     }
 
     /// The mapping's length in bytes.
-    pub(super) fn len(&self) -> usize {
+    pub(in crate::progress::same_host) fn len(&self) -> usize {
         self.len
     }
 }
@@ -55,7 +55,7 @@ impl Drop for SharedMap {
 
 /// Creates a shared-memory file of `len` bytes that can grow and never shrink.
 #[cfg(target_os = "linux")]
-pub(super) fn create(len: usize) -> io::Result<OwnedFd> {
+pub(in crate::progress::same_host) fn create(len: usize) -> io::Result<OwnedFd> {
     use std::os::fd::FromRawFd;
     let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     // SAFETY: the name is a NUL-terminated literal; the call only reads it.
@@ -75,7 +75,7 @@ pub(super) fn create(len: usize) -> io::Result<OwnedFd> {
 
 /// Grows the file `fd` to `len` bytes.
 #[cfg(target_os = "linux")]
-pub(super) fn grow(fd: &OwnedFd, len: usize) -> io::Result<()> {
+pub(in crate::progress::same_host) fn grow(fd: &OwnedFd, len: usize) -> io::Result<()> {
     let len =
         libc::off_t::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: `ftruncate` on a descriptor the caller owns.
@@ -88,7 +88,10 @@ pub(super) fn grow(fd: &OwnedFd, len: usize) -> io::Result<()> {
 /// Opens file descriptor `fd` of process `pid`, checks that it cannot shrink, and returns it
 /// with its length.
 #[cfg(target_os = "linux")]
-pub(super) fn open_peer_file(pid: u32, fd: u64) -> io::Result<(OwnedFd, usize)> {
+pub(in crate::progress::same_host) fn open_peer_file(
+    pid: u32,
+    fd: u64,
+) -> io::Result<(OwnedFd, usize)> {
     use std::os::fd::AsRawFd;
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -109,7 +112,7 @@ pub(super) fn open_peer_file(pid: u32, fd: u64) -> io::Result<(OwnedFd, usize)> 
 
 /// Maps the first `len` bytes of `fd` shared, for reading and writing.
 #[cfg(target_os = "linux")]
-pub(super) fn map(fd: &OwnedFd, len: usize) -> io::Result<SharedMap> {
+pub(in crate::progress::same_host) fn map(fd: &OwnedFd, len: usize) -> io::Result<SharedMap> {
     // SAFETY: a fresh mapping chosen by the kernel; it aliases no Rust object, and the file
     // cannot shrink below `len` (sealed), so every page of it stays backed.
     let ptr = unsafe {
@@ -138,22 +141,25 @@ fn raw(fd: &OwnedFd) -> libc::c_int {
 }
 
 #[cfg(not(target_os = "linux"))]
-pub(super) fn create(_len: usize) -> io::Result<OwnedFd> {
+pub(in crate::progress::same_host) fn create(_len: usize) -> io::Result<OwnedFd> {
     Err(io::Error::from(io::ErrorKind::Unsupported))
 }
 
 #[cfg(not(target_os = "linux"))]
-pub(super) fn grow(_fd: &OwnedFd, _len: usize) -> io::Result<()> {
+pub(in crate::progress::same_host) fn grow(_fd: &OwnedFd, _len: usize) -> io::Result<()> {
     Err(io::Error::from(io::ErrorKind::Unsupported))
 }
 
 #[cfg(not(target_os = "linux"))]
-pub(super) fn open_peer_file(_pid: u32, _fd: u64) -> io::Result<(OwnedFd, usize)> {
+pub(in crate::progress::same_host) fn open_peer_file(
+    _pid: u32,
+    _fd: u64,
+) -> io::Result<(OwnedFd, usize)> {
     Err(io::Error::from(io::ErrorKind::Unsupported))
 }
 
 #[cfg(not(target_os = "linux"))]
-pub(super) fn map(_fd: &OwnedFd, _len: usize) -> io::Result<SharedMap> {
+pub(in crate::progress::same_host) fn map(_fd: &OwnedFd, _len: usize) -> io::Result<SharedMap> {
     Err(io::Error::from(io::ErrorKind::Unsupported))
 }
 

@@ -37,7 +37,7 @@ use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
-use super::shared_memory::{self, SharedMap};
+use super::sys::shared_memory::{self, SharedMap};
 
 /// Bytes before the ring: the words, each on a cache line of its own, and padding up to a page,
 /// so that the data starts page-aligned.
@@ -77,13 +77,13 @@ pub(crate) struct LaneOut {
     /// Bytes ever written; `head` holds the same.
     head: u64,
     /// Link 0 writes into the ring now (the switch frame was sent).
-    pub(super) switched: bool,
+    pub(in crate::progress) switched: bool,
 }
 
 impl LaneOut {
     /// A lane file with a ring of `ring` bytes; `None` when the system refuses (the link stays
     /// on TCP).
-    pub(super) fn create(ring: u64) -> Option<Self> {
+    pub(in crate::progress) fn create(ring: u64) -> Option<Self> {
         let ring_len = usize::try_from(ring).ok()?.min(LARGEST_RING);
         let made = shared_memory::create(HEADER + ring_len)
             .and_then(|fd| shared_memory::map(&fd, HEADER + ring_len).map(|map| (fd, map)));
@@ -113,18 +113,21 @@ impl LaneOut {
     }
 
     /// The file's descriptor number and id, for the offer.
-    pub(super) fn name(&self) -> (u64, u64) {
+    pub(in crate::progress) fn name(&self) -> (u64, u64) {
         (self.fd.as_raw_fd() as u64, self.id)
     }
 
     /// Whether the peer mapped the ring and accepts frames through it.
-    pub(super) fn accepted(&self) -> bool {
+    pub(in crate::progress) fn accepted(&self) -> bool {
         word(&self.map, ACCEPTED_AT).load(Ordering::Acquire) == 1
     }
 
     /// Copies as much of `slices` as fits into the ring. Returns the bytes written and whether
     /// the reader sleeps and must be woken; `WouldBlock` when the ring is full.
-    pub(super) fn write(&mut self, slices: &[IoSlice<'_>]) -> io::Result<(usize, bool)> {
+    pub(in crate::progress) fn write(
+        &mut self,
+        slices: &[IoSlice<'_>],
+    ) -> io::Result<(usize, bool)> {
         let tail = word(&self.map, TAIL_AT).load(Ordering::Acquire);
         let used = self.head.wrapping_sub(tail);
         if used > self.ring {
@@ -192,7 +195,7 @@ unsafe impl Sync for LaneIn {}
 impl LaneIn {
     /// Opens descriptor `fd` of process `pid`, checks that it is a lane file with id `id` that
     /// cannot shrink, maps it and accepts it.
-    pub(super) fn open(pid: u32, fd: u64, id: u64) -> io::Result<Self> {
+    pub(in crate::progress) fn open(pid: u32, fd: u64, id: u64) -> io::Result<Self> {
         let (file, len) = shared_memory::open_peer_file(pid, fd)?;
         if len <= HEADER || len > HEADER + LARGEST_RING {
             return Err(io::Error::new(
@@ -216,7 +219,7 @@ impl LaneIn {
     }
 
     /// Copies what the ring holds into `buf`, up to its length; 0 when the ring is empty.
-    pub(super) fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+    pub(in crate::progress) fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         let tail = word(&self.map, TAIL_AT).load(Ordering::Relaxed);
         let head = word(&self.map, HEAD_AT).load(Ordering::Acquire);
         let ready = head.wrapping_sub(tail);
@@ -249,7 +252,7 @@ impl LaneIn {
 
     /// Says that the reader is about to block in `poll(2)`; returns whether the ring holds bytes
     /// already (then it must not block).
-    pub(super) fn sleep(&self) -> bool {
+    pub(in crate::progress) fn sleep(&self) -> bool {
         word(&self.map, SLEEPING_AT).store(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         let head = word(&self.map, HEAD_AT).load(Ordering::SeqCst);
@@ -257,7 +260,7 @@ impl LaneIn {
     }
 
     /// Says that the reader is awake again: senders need not wake it.
-    pub(super) fn wake(&self) {
+    pub(in crate::progress) fn wake(&self) {
         word(&self.map, SLEEPING_AT).store(0, Ordering::Relaxed);
     }
 }

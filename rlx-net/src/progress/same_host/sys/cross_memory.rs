@@ -12,16 +12,20 @@
 use std::io;
 
 /// Whether this system has the calls at all.
-pub(super) const SUPPORTED: bool = cfg!(target_os = "linux");
+pub(in crate::progress::same_host) const SUPPORTED: bool = cfg!(target_os = "linux");
 
 /// This process's id, as the peers name it in their calls.
-pub(super) fn own_pid() -> u32 {
+pub(in crate::progress::same_host) fn own_pid() -> u32 {
     std::process::id()
 }
 
 /// Copies `remote` (address and length ranges in process `pid`, read in order) into `local`,
 /// whose length must equal their total; fails on the first call that moves nothing.
-pub(super) fn read_from(pid: u32, remote: &[(u64, u64)], local: &mut [u8]) -> io::Result<()> {
+pub(in crate::progress::same_host) fn read_from(
+    pid: u32,
+    remote: &[(u64, u64)],
+    local: &mut [u8],
+) -> io::Result<()> {
     read_at(pid, remote, 0, local)
 }
 
@@ -29,7 +33,7 @@ pub(super) fn read_from(pid: u32, remote: &[(u64, u64)], local: &mut [u8]) -> io
 /// in order), starting `offset` bytes into their concatenation, into `local`; fails on the
 /// first call that moves nothing.
 #[cfg(target_os = "linux")]
-pub(super) fn read_at(
+pub(in crate::progress::same_host) fn read_at(
     pid: u32,
     remote: &[(u64, u64)],
     offset: u64,
@@ -75,7 +79,11 @@ pub(super) fn read_at(
 
 /// Writes `value` into the 8 bytes at `addr` in process `pid`.
 #[cfg(target_os = "linux")]
-pub(super) fn write_word(pid: u32, addr: u64, value: u64) -> io::Result<()> {
+pub(in crate::progress::same_host) fn write_word(
+    pid: u32,
+    addr: u64,
+    value: u64,
+) -> io::Result<()> {
     let bytes = value.to_ne_bytes();
     let local = libc::iovec {
         iov_base: bytes.as_ptr().cast_mut().cast(),
@@ -127,7 +135,7 @@ fn remaining_ranges(ranges: &[(u64, u64)], mut skip: u64, out: &mut [libc::iovec
 }
 
 #[cfg(not(target_os = "linux"))]
-pub(super) fn read_at(
+pub(in crate::progress::same_host) fn read_at(
     _pid: u32,
     _remote: &[(u64, u64)],
     _offset: u64,
@@ -137,7 +145,11 @@ pub(super) fn read_at(
 }
 
 #[cfg(not(target_os = "linux"))]
-pub(super) fn write_word(_pid: u32, _addr: u64, _value: u64) -> io::Result<()> {
+pub(in crate::progress::same_host) fn write_word(
+    _pid: u32,
+    _addr: u64,
+    _value: u64,
+) -> io::Result<()> {
     Err(io::Error::from(io::ErrorKind::Unsupported))
 }
 

@@ -41,11 +41,11 @@ use std::time::{Duration, Instant};
 use crate::error::Lost;
 use crate::frame::FrameHeader;
 
-use super::Engine;
-use super::cross_memory;
-use super::heartbeat::SILENT_BEATS;
-use super::shared_memory::{self, SharedMap};
 use super::single_copy::Descriptor;
+use super::sys::cross_memory;
+use super::sys::shared_memory::{self, SharedMap};
+use crate::progress::Engine;
+use crate::progress::liveness::SILENT_BEATS;
 
 /// Bytes before the bounced data: the `filled` word, the file's id, and padding up to a page, so
 /// that the data starts page-aligned.
@@ -53,7 +53,7 @@ const HEADER: usize = 4096;
 
 /// How many bytes the sender copies between two stores of `filled`: small enough that the
 /// receiver starts soon after the sender, large enough that the stores cost nothing.
-pub(super) const CHUNK: usize = 256 << 10;
+pub(in crate::progress) const CHUNK: usize = 256 << 10;
 
 /// Default of [`EngineConfig::max_bounced`](super::EngineConfig::max_bounced): the largest head
 /// bounced, and so the largest file kept per peer. Larger messages bounce this much and the
@@ -172,7 +172,7 @@ pub(crate) struct Bounced {
 impl Engine {
     /// Bounces nothing, or prepares `to`'s bounce file for message `seq` of `total` bytes (sent
     /// in an `exchange` or not) and says where its head will be.
-    pub(super) fn prepare_bounce(
+    pub(in crate::progress) fn prepare_bounce(
         &self,
         to: u32,
         slot: &mut Option<Bounce>,
@@ -204,7 +204,7 @@ impl Engine {
 
     /// Copies the first `bounced.len` bytes of `parts` (message `seq`) into the bounce file,
     /// publishing each chunk in `filled` as it lands.
-    pub(super) fn bounce_in(
+    pub(in crate::progress) fn bounce_in(
         &self,
         slot: &Option<Bounce>,
         seq: u64,
@@ -249,7 +249,7 @@ impl Engine {
     /// Reads pulled message `header.seq` of rank `from` (process `pid`) into `dest`: its
     /// bounced head out of the sender's file and the rest across processes, or all of it across
     /// processes when nothing is bounced or the file cannot be mapped.
-    pub(super) fn read_pulled(
+    pub(in crate::progress) fn read_pulled(
         &self,
         from: u32,
         pid: u32,

@@ -63,14 +63,14 @@ use rlx_transport::{CollectiveError, Tag, blocked_send};
 use crate::error::{Lost, protocol_lost};
 use crate::frame::{FrameHeader, FrameKind, OFFER_LEN};
 
-use super::Engine;
 use super::bounce::{BounceView, Bounced};
-use super::cross_memory;
-use super::exchange::Companion;
 use super::lane::{LaneIn, LaneOut};
-use super::link::{Land, PeerIo};
-use super::service::Own;
-use super::socket::{poll, pollfd};
+use super::sys::cross_memory;
+use crate::progress::Engine;
+use crate::progress::exchange::Companion;
+use crate::progress::link::{Land, PeerIo};
+use crate::progress::service::Own;
+use crate::progress::socket::{poll, pollfd};
 
 /// Most parts (slices of the caller's) a pulled message may have; a message in more parts is
 /// sent over TCP.
@@ -263,18 +263,21 @@ impl SingleCopy {
     }
 
     /// This rank's mapping of `rank`'s bounce file, locked.
-    pub(super) fn view(&self, rank: u32) -> Option<MutexGuard<'_, Option<BounceView>>> {
+    pub(in crate::progress) fn view(
+        &self,
+        rank: u32,
+    ) -> Option<MutexGuard<'_, Option<BounceView>>> {
         self.views.get(rank as usize).map(|v| lock(v))
     }
 
     /// What `rank` wrote into this rank's `accepted` word (0: nothing).
-    pub(super) fn accepted(&self, rank: u32) -> u64 {
+    pub(in crate::progress) fn accepted(&self, rank: u32) -> u64 {
         self.peer(rank)
             .map_or(0, |p| p.accepted.load(Ordering::Relaxed))
     }
 
     /// The address of `rank`'s `accepted` word, once its offer was taken.
-    pub(super) fn accepted_at(&self, rank: u32) -> Option<u64> {
+    pub(in crate::progress) fn accepted_at(&self, rank: u32) -> Option<u64> {
         let at = self.peer(rank)?.accepted_at.load(Ordering::Relaxed);
         (at != 0).then_some(at)
     }
@@ -282,7 +285,7 @@ impl SingleCopy {
 
 impl Engine {
     /// Whether a message of `total` bytes in `parts` to `to` goes by pull.
-    pub(super) fn pulls_to(&self, to: u32, total: u64, parts: usize) -> bool {
+    pub(in crate::progress) fn pulls_to(&self, to: u32, total: u64, parts: usize) -> bool {
         total >= self.cfg.min_single_copy
             && parts <= MAX_PARTS
             && self
@@ -293,7 +296,7 @@ impl Engine {
 
     /// Publishes message `seq` to `to` as offered, with its head `bounced`, and returns its
     /// descriptor.
-    pub(super) fn offer(
+    pub(in crate::progress) fn offer(
         &self,
         to: u32,
         seq: u64,
@@ -328,7 +331,7 @@ impl Engine {
     /// Waits until `to` has taken message `seq` of `total` bytes, moving the exchange's
     /// receive on meanwhile when there is one. Giving up (abort, lost peer, deadline) first
     /// withdraws the offer, so that the caller's buffer may be reused at once.
-    pub(super) fn wait_taken(
+    pub(in crate::progress) fn wait_taken(
         &self,
         to: u32,
         io: &PeerIo,
@@ -408,7 +411,7 @@ impl Engine {
     /// The process a single-copy frame from `from` is read from: the one whose offer this rank
     /// took. A peer that sends one without such an offer breaks the protocol, and is refused
     /// before anything is allocated or read for it.
-    pub(super) fn pull_source(&self, from: u32) -> Result<u32, Lost> {
+    pub(in crate::progress) fn pull_source(&self, from: u32) -> Result<u32, Lost> {
         let pid = self
             .single_copy
             .peer(from)
@@ -424,7 +427,7 @@ impl Engine {
     /// Reads pulled message `seq` of `header.total` bytes from process `pid` (rank `from`)
     /// into its destination, checks that the sender still offers it, and tells the sender it
     /// was taken.
-    pub(super) fn take_pulled(
+    pub(in crate::progress) fn take_pulled(
         &self,
         from: u32,
         pid: u32,
@@ -465,7 +468,7 @@ impl Engine {
 
     /// Checks that rank `from` (process `pid`) still offers message `header.seq`: a sender
     /// that gave up may have reused its buffer, so what was read from it is not trusted.
-    pub(super) fn check_still_offered(
+    pub(in crate::progress) fn check_still_offered(
         &self,
         from: u32,
         pid: u32,
@@ -486,7 +489,13 @@ impl Engine {
     }
 
     /// The loss of rank `from` (process `pid`) after `what` failed with `e`.
-    pub(super) fn pull_failed(&self, from: u32, pid: u32, what: &str, e: std::io::Error) -> Lost {
+    pub(in crate::progress) fn pull_failed(
+        &self,
+        from: u32,
+        pid: u32,
+        what: &str,
+        e: std::io::Error,
+    ) -> Lost {
         Lost::Gone(format!(
             "{what} of process {pid} (rank {from} at {}) failed: {e}",
             self.peer_label(from)
@@ -560,7 +569,7 @@ impl Engine {
     ///
     /// Returns the peer's lane, mapped and accepted, when the offer names one and lanes are on
     /// here; link 0 reads it once the peer's switch frame arrives.
-    pub(super) fn take_offer(&self, peer: u32, offer: &[u8]) -> Option<LaneIn> {
+    pub(in crate::progress) fn take_offer(&self, peer: u32, offer: &[u8]) -> Option<LaneIn> {
         if !self.single_copy_willing() {
             return None;
         }
@@ -638,7 +647,11 @@ impl Engine {
 }
 
 /// Decodes a pulled frame's descriptor, as a protocol failure of the peer when it is bad.
-pub(super) fn descriptor(from: u32, bytes: &[u8], total: u64) -> Result<Descriptor, Lost> {
+pub(in crate::progress) fn descriptor(
+    from: u32,
+    bytes: &[u8],
+    total: u64,
+) -> Result<Descriptor, Lost> {
     let mut raw = [0u8; DESCRIPTOR_LEN];
     raw.copy_from_slice(&bytes[..DESCRIPTOR_LEN]);
     Descriptor::decode(from, &raw, total).map_err(protocol_lost)

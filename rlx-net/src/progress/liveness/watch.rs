@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use crate::matching::Holder;
 use crate::sync::{Ordering, lock};
 
-use super::Engine;
 use super::heartbeat::Pulse;
-use super::socket::{poll, pollfd};
+use crate::progress::Engine;
+use crate::progress::socket::{poll, pollfd};
 
 /// The watcher leaves a link alone until no caller has released it for this long, so that it
 /// never sits between back-to-back operations.
