@@ -264,11 +264,11 @@ impl TcpTransportBuilder {
     /// The ring size of the shared-memory lane to each rank of this host (default 256 KiB;
     /// `RLX_LANE_BYTES` with [`TcpTransport::from_env`]; 0 keeps every link on TCP).
     ///
-    /// Where the single-copy path is on, the first link to a rank of this host carries its
-    /// frames through a ring in a shared-memory file once both ranks mapped it, instead of
+    /// The first link to a rank of this host carries its frames through a ring in a shared-memory file once both ranks mapped it, instead of
     /// the loopback TCP connection: a small message then costs two memory copies instead of
     /// two system calls and the kernel's TCP work. The connection stays open, for wake-ups,
-    /// heartbeats and noticing the peer's end. Each rank keeps one ring per such peer.
+    /// heartbeats and noticing the peer's end. Each rank keeps one ring per such peer. Lanes
+    /// and the single-copy path are switched independently of each other.
     pub fn lane_bytes(mut self, bytes: u64) -> Self {
         self.lane_bytes = bytes;
         self
@@ -423,7 +423,7 @@ impl TcpTransportBuilder {
             .collect();
         let engine = Engine::new(rank, world, engine_config, peers)
             .map_err(|source| CollectiveError::Io { peer: None, source })?;
-        engine.offer_single_copy();
+        engine.offer_same_host();
         let engine = Arc::new(engine);
         let watcher = if world > 1 {
             let e = Arc::clone(&engine);

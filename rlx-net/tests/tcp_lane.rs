@@ -1,7 +1,8 @@
 //! Shared-memory lanes between ranks of one host: once both ranks mapped each other's lane,
 //! every message of every size lands exactly through it (bursts nobody receives yet, rings
 //! far smaller than the messages, exchanges into posted buffers, many small messages taken
-//! out of order), and a rank with lanes off keeps both directions of its pairs on TCP.
+//! out of order), and a rank with lanes off keeps both directions of its pairs on TCP. Lanes
+//! have their own switch: with the single-copy path off they still carry link 0.
 
 mod common;
 
@@ -43,7 +44,13 @@ fn lanes_worker() -> Result<(), String> {
     // lanes at its third-round sends at the latest, and each peer reads the switch with them.
     common::settle(&t, 3)?;
     let expect = std::env::var("EXPECT_LANE").as_deref() == Ok("1");
+    let single_copy = std::env::var("RLX_SINGLE_COPY").as_deref() != Ok("0");
     for peer in (0..n).filter(|&p| p != rank) {
+        if !single_copy && t.single_copy_from(peer) {
+            return Err(format!(
+                "rank {rank}: reads rank {peer} by single copy with the path off"
+            ));
+        }
         if t.lane_from(peer) != expect {
             return Err(format!(
                 "rank {rank}: lane from rank {peer} is {}, expected {expect}",
@@ -101,6 +108,11 @@ fn lanes_worker() -> Result<(), String> {
 /// Runs `n` lane workers on this host with rings of `ring` bytes (the default when `None`);
 /// `off` ranks turn lanes off.
 fn processes(n: u32, ring: Option<u64>, off: &[u32], expect: bool) {
+    processes_with(n, ring, off, expect, &[]);
+}
+
+/// [`processes`] with `extra` added to every rank's environment.
+fn processes_with(n: u32, ring: Option<u64>, off: &[u32], expect: bool, extra: &[(&str, &str)]) {
     let port = free_port();
     let children = (0..n)
         .map(|rank| {
@@ -111,6 +123,7 @@ fn processes(n: u32, ring: Option<u64>, off: &[u32], expect: bool) {
             if off.contains(&rank) {
                 env.push(("RLX_LANE_BYTES".into(), "0".into()));
             }
+            env.extend(extra.iter().map(|&(k, v)| (k.into(), v.into())));
             let expected = if expect { "1" } else { "0" };
             env.push(("EXPECT_LANE".into(), expected.into()));
             spawn("lanes", &env)
@@ -133,6 +146,12 @@ fn one_rank_without_lanes_keeps_tcp() {
     processes(2, None, &[0], false);
 }
 
+/// `RLX_SINGLE_COPY=0` turns only the single-copy path off: the offer still goes out for the
+/// lanes, nobody reads by single copy, and link 0 still moves to the lane.
+fn lanes_stay_on_with_single_copy_off() {
+    processes_with(3, None, &[], true, &[("RLX_SINGLE_COPY", "0")]);
+}
+
 fn main() {
     common::run(
         &[
@@ -147,6 +166,10 @@ fn main() {
             (
                 "one_rank_without_lanes_keeps_tcp",
                 one_rank_without_lanes_keeps_tcp,
+            ),
+            (
+                "lanes_stay_on_with_single_copy_off",
+                lanes_stay_on_with_single_copy_off,
             ),
         ],
         worker,

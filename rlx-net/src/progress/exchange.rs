@@ -19,17 +19,18 @@ use crate::matching::{Begin, Outcome};
 use crate::sync::lock;
 
 use super::Engine;
-use super::link::{Link, PeerIo};
-use super::send::Alongside;
-use super::service::{Own, Service};
+use super::hook::ProgressHook;
+use super::link::{Link, Own, PeerIo};
+use super::reader::Service;
 use super::socket::{POLL_FDS, poll, pollfd};
+use super::writer::WhileSending;
 
 /// How long a blocked exchange waits for its sockets before it also reads every other free
 /// link, as a blocked plain send does.
 const EXCHANGE_WAIT: Duration = Duration::from_millis(1);
 
-/// The receive half of an exchange while its send is being written.
-pub(super) struct Companion<'a> {
+/// The receive half of an exchange while its send is being written: the send's progress hook.
+pub(super) struct ExchangeRecv<'a> {
     from: u32,
     own: Own<'a>,
     /// This thread holds the reader role of every link to `from` for `own.id`.
@@ -38,9 +39,9 @@ pub(super) struct Companion<'a> {
     done: bool,
 }
 
-impl Companion<'_> {
-    /// Whether the send should keep reading the receive's links.
-    pub(super) fn reading(&self) -> bool {
+impl ExchangeRecv<'_> {
+    /// Whether the receive reads its links now.
+    fn reading(&self) -> bool {
         self.holds && !self.done
     }
 
@@ -81,33 +82,33 @@ impl Engine {
         };
         let holds = self.hub.try_acquire(self, &mut st, from, id);
         drop(st);
-        let mut companion = Companion {
+        let mut receive = ExchangeRecv {
             from,
             own: Own { id, buf: Some(buf) },
             holds,
             done: false,
         };
-        let alongside = Alongside::Exchange(&mut companion);
-        let sent = self.send_with(to, FrameKind::Data, tag, parts, alongside, None);
-        let holding = companion.reading();
+        let hook = WhileSending::Hook(&mut receive);
+        let sent = self.send_with(to, FrameKind::Data, tag, parts, hook, None);
+        let holding = receive.reading();
         if let Err(error) = sent {
             if holding {
                 // Bytes of the receive may be landing in the caller's buffer: they move to a
                 // copy of the transport's own, which a later receive takes.
-                self.withdraw_while_reading(from, io, &mut companion.own);
+                self.withdraw_while_reading(from, io, &mut receive.own);
             } else {
-                let own = companion.own.buf.as_deref();
+                let own = receive.own.buf.as_deref();
                 lock(&self.hub.state).withdraw(from, id, own);
             }
-            if companion.holds {
+            if receive.holds {
                 self.hub.release_links(self, from);
             }
             return Err(error);
         }
-        if companion.holds && !holding {
+        if receive.holds && !holding {
             self.hub.release_links(self, from);
         }
-        let buf = companion.own.buf;
+        let buf = receive.own.buf;
         let deadline = Instant::now().checked_add(timeout);
         let st = lock(&self.hub.state);
         self.hub
@@ -115,7 +116,7 @@ impl Engine {
     }
 
     /// Moves the exchange's receive on without blocking; returns whether any byte moved.
-    pub(super) fn serve_companion(&self, c: &mut Companion<'_>) -> bool {
+    fn serve_exchange_recv(&self, c: &mut ExchangeRecv<'_>) -> bool {
         if c.wants_links() {
             // Another thread (usually the background watcher, on links idle before the
             // exchange) held them: it gives them back once it sees they are wanted.
@@ -163,7 +164,7 @@ impl Engine {
     /// Waits until one of the `pending` links of `io` is writable or a link of the exchange's
     /// receive is readable, then serves the receive; returns `false` when nothing happened
     /// within [`EXCHANGE_WAIT`], so that the send also reads the other free links.
-    pub(super) fn wait_exchange(&self, io: &PeerIo, pending: u64, c: &mut Companion<'_>) -> bool {
+    fn wait_exchange(&self, io: &PeerIo, pending: u64, c: &mut ExchangeRecv<'_>) -> bool {
         let Some(Some(rio)) = self.peers.get(c.from as usize) else {
             return false;
         };
@@ -192,8 +193,22 @@ impl Engine {
             rio.links.iter().for_each(Link::after_poll);
             ready || fds.iter().any(|fd| fd.revents != 0)
         });
-        self.serve_companion(c);
+        self.serve_exchange_recv(c);
         blocked_send::waiting();
         woke
+    }
+}
+
+impl ProgressHook for ExchangeRecv<'_> {
+    fn serve(&mut self, engine: &Engine) -> bool {
+        engine.serve_exchange_recv(self)
+    }
+
+    fn reading(&self) -> bool {
+        ExchangeRecv::reading(self)
+    }
+
+    fn wait(&mut self, engine: &Engine, io: &PeerIo, pending: u64) -> bool {
+        engine.wait_exchange(io, pending, self)
     }
 }

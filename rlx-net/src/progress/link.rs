@@ -5,41 +5,34 @@ use std::io::{self, IoSlice};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use rlx_transport::CollectiveError;
+
+use crate::error::{Lost, protocol_lost};
 use crate::frame::{FrameHeader, HEADER_LEN};
+use crate::matching::PostId;
 use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering, lock};
 
 use super::same_host::Bounce;
 use super::same_host::{LaneIn, LaneOut};
-use super::socket::{read_some, send_vectored, with_frame_slices};
+use super::socket::{poll, pollfd, read_some, send_vectored, with_frame_slices};
+
+/// How a frame of a header alone, written whole by [`Link::write_header_whole`], ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum HeaderSent {
+    /// Every byte is written.
+    Whole,
+    /// The socket took nothing now; nothing is written.
+    NotStarted,
+    /// The transport was aborted while the rest waited for room.
+    Aborted,
+    /// Only `written` bytes left within the time allowed: the link cannot carry anything else.
+    Stalled { written: usize },
+}
 
 /// Size of each link's staging buffer: small frames arrive many to a `read`.
 const STAGING: usize = 64 * 1024;
-
-/// Tuning shared by every link of a transport.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct EngineConfig {
-    pub(crate) max_frame: u64,
-    pub(crate) max_unexpected: u64,
-    pub(crate) min_striped: u64,
-    pub(crate) op_timeout: Duration,
-    pub(crate) spin: Duration,
-    /// Heartbeat interval of every link (zero: no heartbeats, no silence detection); see
-    /// `heartbeat.rs`.
-    pub(crate) heartbeat: Duration,
-    /// The smallest message sent to a rank of this host by the single-copy path
-    /// (`single_copy.rs`); `u64::MAX` turns the path off.
-    pub(crate) min_single_copy: u64,
-    /// The largest head of a pulled message bounced through shared memory (`bounce.rs`); 0
-    /// bounces nothing.
-    pub(crate) max_bounced: u64,
-    /// The ring size of each shared-memory lane to a rank of this host (`lane.rs`); 0 keeps
-    /// every link on TCP.
-    pub(crate) lane_bytes: u64,
-    /// The longest an unexpected pulled message waits for its receive (`matching/peer.rs`).
-    pub(crate) longest_hold: Duration,
-}
 
 /// A raw destination address that crosses threads with the link state that uses it.
 #[derive(Clone, Copy, Debug)]
@@ -50,6 +43,23 @@ pub(super) struct RawDest(pub(super) *mut u8);
 // only the thread holding the link's reader role dereferences it, for the byte range of that
 // link's stripe, which no other link writes.
 unsafe impl Send for RawDest {}
+
+/// The receiving thread's own posted receive, while it reads.
+pub(super) struct Own<'a> {
+    pub(super) id: PostId,
+    pub(super) buf: Option<&'a mut [u8]>,
+}
+
+/// Frames of `what` travel on link 0 only, where they keep their place in the message order.
+pub(super) fn on_link_zero(from: u32, k: usize, what: &str) -> Result<(), Lost> {
+    if k == 0 {
+        return Ok(());
+    }
+    Err(protocol_lost(CollectiveError::protocol(
+        Some(from),
+        format!("{what} on link {k} (only link 0 carries them)"),
+    )))
+}
 
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Land {
@@ -178,6 +188,46 @@ impl Link {
         with_frame_slices(header, parts, offset, len, sent, |slices| {
             send_vectored(&self.stream, slices)
         })
+    }
+
+    /// Writes `header`, a frame without payload, on the socket (also where link 0 switched to a
+    /// lane): nothing when the socket takes nothing now, else all of it, waiting for room up to
+    /// `limit` while watching `abort_fd`, and giving up once `aborted` says so. A writable
+    /// socket takes a header whole in practice; should it take only part, the rest must follow
+    /// before any other frame, or the link is unusable ([`HeaderSent::Stalled`]).
+    pub(super) fn write_header_whole(
+        &self,
+        header: &[u8; HEADER_LEN],
+        limit: Duration,
+        abort_fd: RawFd,
+        aborted: impl Fn() -> bool,
+    ) -> io::Result<HeaderSent> {
+        let mut written = 0;
+        let started = Instant::now();
+        loop {
+            match self.send_frame(header, &[], 0, 0, written as u64) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+            if written == 0 {
+                return Ok(HeaderSent::NotStarted);
+            }
+            if written == HEADER_LEN {
+                return Ok(HeaderSent::Whole);
+            }
+            if started.elapsed() >= limit {
+                return Ok(HeaderSent::Stalled { written });
+            }
+            let mut fds = [
+                pollfd(self.fd(), libc::POLLOUT),
+                pollfd(abort_fd, libc::POLLIN),
+            ];
+            poll(&mut fds, Duration::from_millis(10));
+            if aborted() {
+                return Ok(HeaderSent::Aborted);
+            }
+        }
     }
 
     /// Reads away what the socket of a link on a lane holds: wake-ups and heartbeats, which

@@ -22,36 +22,41 @@
 //! sockets down (so every thread polling them wakes) and wakes every waiter; `abort` does the
 //! same for every peer and makes its wake-up socket readable forever.
 //!
-//! Layout: this file holds the [`Engine`], its construction, failure and close; `hub.rs` the
-//! socket-free matching state, wake-up rule and receive loop (the part the loom models check);
-//! `recv.rs` the engine's socket side of that loop; `service.rs` the link service that lands
-//! frames; `send.rs` the send path; `exchange.rs` a send and a receive run together by one
-//! thread; `link.rs` the per-peer sockets and link state; `socket.rs` the OS calls (`poll(2)`,
-//! vectored sends, wake-up sockets); `traffic.rs` the byte counters. Two rooms of their own:
-//! `liveness/` (the background watcher, heartbeats and the silence rule, catching up after a
-//! stop) and `same_host/` (the fast paths between ranks of one host: single copy, bounce files,
-//! lanes, and the OS calls under them).
+//! Layout: this file is the [`Engine`] façade: construction, failure and close. `config.rs`
+//! holds the tuning every room reads; `hub.rs` the socket-free matching state, wake-up rule and
+//! receive loop (the part the loom models check); `recv.rs` the engine's socket side of that
+//! loop; `reader.rs` the link service that decodes frames and lands payloads; `writer/` the
+//! frames of one message and how a blocked send waits; `hook.rs` the contract of the work a send
+//! moves on meanwhile, which `exchange.rs` (a send and a receive run together by one thread)
+//! implements; `link.rs` the per-peer sockets and link state; `socket.rs` the OS calls
+//! (`poll(2)`, vectored sends, wake-up sockets); `traffic.rs` the byte counters. Two rooms of
+//! their own: `liveness/` (the background watcher, heartbeats and the silence rule, catching up
+//! after a stop) and `same_host/` (the fast paths between ranks of one host: the offer, single
+//! copy, bounce files, lanes, and the OS calls under them).
 
+mod config;
 mod exchange;
+mod hook;
 mod hub;
 mod link;
 mod liveness;
+mod reader;
 mod recv;
 mod same_host;
-mod send;
-mod service;
 mod socket;
 mod traffic;
+mod writer;
 
 use std::io;
 use std::net::{Shutdown, SocketAddr};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use rlx_transport::{CollectiveError, EXCLUSION_TAG, Failure, FatalCause, Tag};
 
 use crate::error::Lost;
-use crate::frame::{FrameHeader, FrameKind};
+use crate::frame::{FrameHeader, FrameKind, HEADER_LEN};
 use crate::sync::{AtomicBool, Mutex, lock};
 
 pub(crate) use liveness::DEFAULT_HEARTBEAT;
@@ -62,9 +67,11 @@ use self::traffic::TrafficCounters;
 
 pub(crate) use hub::Hub;
 // The loom models drive the receive loop through a fake of the sockets.
+pub(crate) use config::EngineConfig;
 #[cfg(rlx_loom)]
 pub(crate) use hub::{DriveEnd, Links};
-pub(crate) use link::{EngineConfig, PeerIo};
+pub(crate) use link::PeerIo;
+use link::{HeaderSent, Link};
 pub(crate) use same_host::DEFAULT_LANE_BYTES;
 pub(crate) use same_host::DEFAULT_MAX_BOUNCED;
 pub(crate) use same_host::DEFAULT_MIN_SINGLE_COPY;
@@ -261,6 +268,46 @@ impl Engine {
                 peer,
                 "exclusion notice not sent: the socket did not take it"
             ),
+        }
+    }
+
+    /// Writes `header`, a frame without payload, whole on `link` to `rank` (see
+    /// [`Link::write_header_whole`]); a failed or stalled write is the loss of the peer.
+    fn send_header_whole(
+        &self,
+        rank: u32,
+        io: &PeerIo,
+        link: &Link,
+        header: &[u8; HEADER_LEN],
+        what: &str,
+        limit: Duration,
+    ) -> Result<HeaderSent, Lost> {
+        let abort_fd = self.abort_rx.as_raw_fd();
+        match link.write_header_whole(header, limit, abort_fd, || self.is_aborted()) {
+            Ok(HeaderSent::Stalled { written }) => Err(Lost::Gone(format!(
+                "{what} to {} stalled after {written} of {HEADER_LEN} bytes (link unusable)",
+                io.addr
+            ))),
+            Ok(sent) => Ok(sent),
+            Err(e) => Err(self.lost_from_io(rank, &format!("sending {what}"), &e)),
+        }
+    }
+
+    /// A send to `to` that reached its deadline `when` the link was left in a state nothing
+    /// else can follow: the peer is lost, and the send's error is a timeout naming it.
+    fn abandon_send(&self, to: u32, io: &PeerIo, when: &str) -> CollectiveError {
+        let after = self.cfg.op_timeout;
+        self.lose(
+            to,
+            Lost::Gone(format!(
+                "a send to it timed out after {after:?} {when} (link to {} unusable)",
+                io.addr
+            )),
+        );
+        CollectiveError::Timeout {
+            peer: Some(to),
+            op: "send",
+            after,
         }
     }
 

@@ -1,19 +1,21 @@
 //! The receive path over TCP: the engine's side of [`Links`], by which the receive loop of
 //! [`Hub::recv`] reads the sockets of a peer itself (non-blocking reads in a short spin, then
-//! `poll(2)`) once it holds their reader role.
+//! `poll(2)`) once it holds their reader role; and the draining of links a thread holds for
+//! nobody's receive in particular (a blocked sender, the watcher, a catch-up).
 
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use rlx_transport::{CollectiveError, Tag};
 
-use crate::matching::{Outcome, PostId, Withdrawn};
+use crate::error::Lost;
+use crate::matching::{Holder, Outcome, PostId, Withdrawn};
 use crate::sync::{Ordering, lock};
 
 use super::Engine;
 use super::hub::{DriveEnd, Hub, Links};
-use super::link::{Land, Link, PeerIo, RawDest};
-use super::service::{Own, Service};
+use super::link::{Land, Link, Own, PeerIo, RawDest};
+use super::reader::Service;
 use super::socket::{POLL_FDS, WakeWrite, poll, pollfd};
 
 impl Engine {
@@ -114,6 +116,63 @@ impl Links for Engine {
 }
 
 impl Engine {
+    /// Services every held link until it is idle or parked, then releases them all.
+    pub(super) fn drain_held(&self, held: &[(u32, usize)]) {
+        let mut lost_peers: Vec<(u32, Lost)> = Vec::new();
+        for &(rank, k) in held {
+            if lost_peers.iter().any(|(r, _)| *r == rank) {
+                continue;
+            }
+            let Some(Some(peer)) = self.peers.get(rank as usize) else {
+                continue;
+            };
+            // A caller asked for this link meanwhile: it reads it into its own buffer, which
+            // is better than landing its message here and copying it again.
+            if lock(&self.hub.state).peers[rank as usize].links[k].wanted {
+                continue;
+            }
+            let link = &peer.links[k];
+            let mut rx = link.rx();
+            // A bounded number of rounds keeps a busy link from starving the others.
+            for _ in 0..64 {
+                match self.service(rank, k, link, &mut rx, None) {
+                    Ok(Service::Progress) => continue,
+                    Ok(_) => break,
+                    Err(lost) => {
+                        lost_peers.push((rank, lost));
+                        break;
+                    }
+                }
+            }
+        }
+        {
+            let mut st = lock(&self.hub.state);
+            let now = Instant::now();
+            for &(rank, k) in held {
+                let slot = &mut st.peers[rank as usize].links[k];
+                slot.holder = Holder::Free;
+                // A caller waited for this link: the watcher leaves it to the callers for a
+                // while. Otherwise a caller whose messages the watcher delivered (and so never
+                // held the link, never refreshing this) would find the watcher back on the
+                // link at once, and every later message would take the watcher's hand-off.
+                // Links nobody asked for stay the watcher's, so it keeps draining them.
+                if slot.wanted {
+                    slot.released_at = now;
+                }
+                slot.wanted = false;
+            }
+            for peer in st.peers.iter_mut() {
+                peer.drop_arriving_if_lost();
+            }
+        }
+        for (rank, lost) in lost_peers {
+            self.lose(rank, lost);
+        }
+        if !held.is_empty() {
+            self.hub.wake();
+        }
+    }
+
     /// Whether link 0 from `peer` reads its shared-memory lane (for tests and tools).
     pub(crate) fn reads_lane_from(&self, peer: u32) -> bool {
         match self.peers.get(peer as usize) {

@@ -36,17 +36,14 @@ use crate::frame::{FrameHeader, FrameKind};
 use crate::sync::lock;
 
 use crate::progress::Engine;
+use crate::progress::config::SILENT_BEATS;
+use crate::progress::link::HeaderSent;
 use crate::progress::link::PeerIo;
-use crate::progress::send::Whole;
 use crate::progress::socket::{poll, pollfd};
 
-/// Default of [`EngineConfig::heartbeat`](super::EngineConfig::heartbeat): one beat a second,
+/// Default of [`EngineConfig::heartbeat`](crate::progress::EngineConfig::heartbeat): one beat a second,
 /// so that a silent peer is lost after 5 s.
 pub(crate) const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
-
-/// A peer not heard from for this many heartbeat intervals is lost. Five leaves room for a
-/// beat delayed by a loaded machine (the watcher thread waiting for a core) several times over.
-pub(in crate::progress) const SILENT_BEATS: u32 = 5;
 
 /// Rounds of the monitor per heartbeat interval: silence is measured to a quarter interval.
 const ROUNDS_PER_BEAT: u32 = 4;
@@ -261,7 +258,7 @@ impl Engine {
                 continue;
             }
             if self.send_header_whole(rank, io, link, &header, "a heartbeat", interval)?
-                == Whole::Aborted
+                == HeaderSent::Aborted
             {
                 break;
             }

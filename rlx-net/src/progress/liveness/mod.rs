@@ -14,4 +14,3 @@ mod watch;
 
 pub(in crate::progress) use catch_up::CatchUp;
 pub(crate) use heartbeat::DEFAULT_HEARTBEAT;
-pub(in crate::progress) use heartbeat::SILENT_BEATS;

@@ -35,98 +35,121 @@ impl Engine {
             }
             held.clear();
             due.clear();
-            let mut wait = WATCH_PERIOD;
-            {
-                let mut st = lock(&self.hub.state);
-                let now = Instant::now();
-                for (rank, peer) in st.peers.iter_mut().enumerate() {
-                    if peer.lost.is_some() || self.peers.get(rank).is_none_or(|p| p.is_none()) {
-                        continue;
-                    }
-                    // A pulled message parked while it waits for its receive is taken once
-                    // its wait is over, so that its sender is never left waiting for a
-                    // receive that comes only after a send of its own.
-                    let hold_over = match peer.hold_ends() {
-                        Some(end) if now >= end => true,
-                        Some(end) => {
-                            wait = wait.min(end - now);
-                            false
-                        }
-                        None => false,
-                    };
-                    for (k, slot) in peer.links.iter_mut().enumerate() {
-                        if slot.holder == Holder::Free
-                            && !slot.wanted
-                            && (!slot.parked || (k == 0 && hold_over))
-                            && now.duration_since(slot.released_at) >= WATCH_IDLE
-                        {
-                            slot.holder = Holder::Background;
-                            held.push((rank as u32, k));
-                            // Its frame was read already; the socket may have nothing more.
-                            if slot.parked {
-                                due.push((rank as u32, k));
-                            }
-                        }
-                    }
-                }
-            }
-            fds.clear();
-            let mut ready = false;
-            for &(rank, k) in &held {
-                if let Some(Some(p)) = self.peers.get(rank as usize) {
-                    fds.push(pollfd(p.links[k].fd(), libc::POLLIN));
-                    // A lane with bytes waiting is served at once, as a readable socket is.
-                    if p.links[k].before_poll() {
-                        due.push((rank, k));
-                        ready = true;
-                    }
-                }
-            }
-            fds.push(pollfd(self.watch_rx.as_raw_fd(), libc::POLLIN));
-            fds.push(pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN));
-            poll(&mut fds, if ready { Duration::ZERO } else { wait });
-            for &(rank, k) in &held {
-                if let Some(Some(p)) = self.peers.get(rank as usize) {
-                    p.links[k].after_poll();
-                }
-            }
-            if fds[held.len()].revents != 0 {
-                let mut sink = [0u8; 64];
-                while matches!((&self.watch_rx).read(&mut sink), Ok(n) if n > 0) {}
-                self.watch_kicked.store(false, Ordering::SeqCst);
-            }
+            let wait = self.take_idle_links(&mut held, &mut due);
+            self.poll_idle_links(&held, &mut due, &mut fds, wait);
             let readable: Vec<(u32, usize)> = held
                 .iter()
                 .zip(fds.iter())
                 .filter(|(h, fd)| fd.revents != 0 || due.contains(h))
                 .map(|(h, _)| *h)
                 .collect();
-            // Links that were not readable are released without being touched.
-            let idle: Vec<(u32, usize)> = held
-                .iter()
-                .filter(|h| !readable.contains(h))
-                .copied()
-                .collect();
-            {
-                let mut st = lock(&self.hub.state);
-                let now = Instant::now();
-                for &(rank, k) in &idle {
-                    let slot = &mut st.peers[rank as usize].links[k];
-                    slot.holder = Holder::Free;
-                    // A caller kicked the watcher for this link: it gets its turn before the
-                    // watcher's next round could take the link back.
-                    if slot.wanted {
-                        slot.released_at = now;
-                    }
-                    slot.wanted = false;
-                }
-            }
-            if !idle.is_empty() {
-                self.hub.wake();
-            }
+            self.release_unread(&held, &readable);
             self.drain_held(&readable);
             self.catch_up.watcher_round(previous, began);
             previous = began;
+        }
+    }
+
+    /// Takes the reader role of every free link no caller wants that has been idle for
+    /// [`WATCH_IDLE`] (into `held`), and of parked links whose pulled message waited long
+    /// enough (also into `due`: their frame was read already). Returns how long the round may
+    /// wait at most.
+    fn take_idle_links(
+        &self,
+        held: &mut Vec<(u32, usize)>,
+        due: &mut Vec<(u32, usize)>,
+    ) -> Duration {
+        let mut wait = WATCH_PERIOD;
+        let mut st = lock(&self.hub.state);
+        let now = Instant::now();
+        for (rank, peer) in st.peers.iter_mut().enumerate() {
+            if peer.lost.is_some() || self.peers.get(rank).is_none_or(|p| p.is_none()) {
+                continue;
+            }
+            // A pulled message parked while it waits for its receive is taken once its wait is
+            // over, so that its sender is never left waiting for a receive that comes only
+            // after a send of its own.
+            let hold_over = match peer.hold_ends() {
+                Some(end) if now >= end => true,
+                Some(end) => {
+                    wait = wait.min(end - now);
+                    false
+                }
+                None => false,
+            };
+            for (k, slot) in peer.links.iter_mut().enumerate() {
+                if slot.holder == Holder::Free
+                    && !slot.wanted
+                    && (!slot.parked || (k == 0 && hold_over))
+                    && now.duration_since(slot.released_at) >= WATCH_IDLE
+                {
+                    slot.holder = Holder::Background;
+                    held.push((rank as u32, k));
+                    // Its frame was read already; the socket may have nothing more.
+                    if slot.parked {
+                        due.push((rank as u32, k));
+                    }
+                }
+            }
+        }
+        wait
+    }
+
+    /// Polls the `held` links (their results in `fds`, in order), the kick socket and the abort
+    /// socket for up to `wait`; a lane with bytes waiting goes into `due` at once, as a readable
+    /// socket would. A kick is read away and re-armed.
+    fn poll_idle_links(
+        &self,
+        held: &[(u32, usize)],
+        due: &mut Vec<(u32, usize)>,
+        fds: &mut Vec<libc::pollfd>,
+        wait: Duration,
+    ) {
+        fds.clear();
+        let mut ready = false;
+        for &(rank, k) in held {
+            if let Some(Some(p)) = self.peers.get(rank as usize) {
+                fds.push(pollfd(p.links[k].fd(), libc::POLLIN));
+                if p.links[k].before_poll() {
+                    due.push((rank, k));
+                    ready = true;
+                }
+            }
+        }
+        fds.push(pollfd(self.watch_rx.as_raw_fd(), libc::POLLIN));
+        fds.push(pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN));
+        poll(fds, if ready { Duration::ZERO } else { wait });
+        for &(rank, k) in held {
+            if let Some(Some(p)) = self.peers.get(rank as usize) {
+                p.links[k].after_poll();
+            }
+        }
+        if fds[held.len()].revents != 0 {
+            let mut sink = [0u8; 64];
+            while matches!((&self.watch_rx).read(&mut sink), Ok(n) if n > 0) {}
+            self.watch_kicked.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Releases the `held` links that are not `readable` without touching them.
+    fn release_unread(&self, held: &[(u32, usize)], readable: &[(u32, usize)]) {
+        let mut released = false;
+        let mut st = lock(&self.hub.state);
+        let now = Instant::now();
+        for slot in held.iter().filter(|h| !readable.contains(h)) {
+            let slot = &mut st.peers[slot.0 as usize].links[slot.1];
+            slot.holder = Holder::Free;
+            // A caller kicked the watcher for this link: it gets its turn before the watcher's
+            // next round could take the link back.
+            if slot.wanted {
+                slot.released_at = now;
+            }
+            slot.wanted = false;
+            released = true;
+        }
+        drop(st);
+        if released {
+            self.hub.wake();
         }
     }
 }

@@ -41,11 +41,10 @@ use std::time::{Duration, Instant};
 use crate::error::Lost;
 use crate::frame::FrameHeader;
 
-use super::single_copy::Descriptor;
+use super::descriptor::{Bounced, Descriptor};
 use super::sys::cross_memory;
 use super::sys::shared_memory::{self, SharedMap};
 use crate::progress::Engine;
-use crate::progress::liveness::SILENT_BEATS;
 
 /// Bytes before the bounced data: the `filled` word, the file's id, and padding up to a page, so
 /// that the data starts page-aligned.
@@ -156,17 +155,6 @@ pub(crate) struct BounceView {
     fd: u64,
     id: u64,
     map: SharedMap,
-}
-
-/// What a descriptor says about the bounced head of its message.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Bounced {
-    /// The sender's descriptor number of its bounce file.
-    pub(crate) fd: u64,
-    /// The file's id (in its second word).
-    pub(crate) id: u64,
-    /// How many bytes of the message's start are bounced (0: none).
-    pub(crate) len: u64,
 }
 
 impl Engine {
@@ -316,10 +304,7 @@ impl Engine {
         // frame; a sender that copies nothing for as long as its silence would make it lost
         // is stopped or starved, and the watcher, which may be the thread waiting here, would
         // not notice otherwise.
-        let stall = match self.cfg.heartbeat {
-            beat if beat.is_zero() => self.cfg.op_timeout,
-            beat => beat.saturating_mul(SILENT_BEATS).min(self.cfg.op_timeout),
-        };
+        let stall = self.cfg.silence_window();
         let mut progressed = Instant::now();
         let mut checked = progressed;
         while copied < dest.len() {

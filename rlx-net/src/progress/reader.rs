@@ -1,0 +1,408 @@
+//! The link service: the reader side that decodes frame headers on one link, lands payloads in
+//! the caller's buffer, an owned buffer or nowhere (read from the socket, or from the sender's
+//! memory for a single-copy frame), and accounts the bytes in the matching state.
+
+use std::io;
+
+use rlx_transport::{FAILURE_WIRE_LEN, Failure};
+
+use crate::error::{Lost, protocol_lost};
+use crate::frame::{FrameHeader, FrameKind, HEADER_LEN, OFFER_LEN};
+use crate::matching::{Landing, PostId};
+use crate::sync::lock;
+
+use super::Engine;
+use super::link::{Land, Link, LinkRx, Own, Payload, RawDest, on_link_zero};
+use super::same_host::{DESCRIPTOR_LEN, descriptor};
+
+/// Payloads at least this long (with nothing staged) are read straight into their destination.
+const DIRECT_READ_MIN: u64 = 16 * 1024;
+
+/// What one round of servicing a link achieved.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Service {
+    /// Bytes moved; call again.
+    Progress,
+    /// The socket has nothing more now.
+    Idle,
+    /// The next frame cannot be taken now (budget, or waiting for link 0).
+    Parked,
+    /// The caller's own receive finished.
+    OwnDone,
+}
+
+/// Whether the bytes a step needs are in the staging buffer.
+enum Staged {
+    /// They are.
+    Ready,
+    /// More bytes were read; look again.
+    More,
+    /// The socket has nothing now.
+    Idle,
+}
+
+enum PayloadStep {
+    Moved(usize),
+    NeedFill,
+    Idle,
+}
+
+/// Where the matching state says a frame's bytes go; `None` when the frame must wait (park).
+fn land_of(landing: Landing) -> Option<Land> {
+    match landing {
+        Landing::Park => None,
+        Landing::Caller => Some(Land::Caller),
+        Landing::Owned(ptr) => Some(Land::Owned(RawDest(ptr))),
+        Landing::Discard => Some(Land::Discard),
+    }
+}
+
+/// The fixed-length body a frame of `kind` carries after its header, read whole before the
+/// frame is handled (a data frame's payload is streamed instead).
+fn body_len(kind: FrameKind) -> usize {
+    match kind {
+        FrameKind::Failure => FAILURE_WIRE_LEN,
+        FrameKind::Offer => OFFER_LEN,
+        FrameKind::Pull => DESCRIPTOR_LEN,
+        FrameKind::Data | FrameKind::Beat | FrameKind::Close | FrameKind::Lane => 0,
+    }
+}
+
+fn internal_lost(from: u32) -> Lost {
+    Lost::Protocol(format!(
+        "frame from rank {from} addressed a receive buffer that is not present"
+    ))
+}
+
+/// What one step of the reader asks of its loop.
+enum Next {
+    /// Look at the link again.
+    Again,
+    /// The round is over with this outcome.
+    Done(Service),
+}
+
+impl Engine {
+    /// Moves bytes on one link whose reader role this thread holds.
+    pub(super) fn service(
+        &self,
+        from: u32,
+        k: usize,
+        link: &Link,
+        rx: &mut LinkRx,
+        mut own: Option<&mut Own<'_>>,
+    ) -> Result<Service, Lost> {
+        loop {
+            let next = match rx.header {
+                _ if rx.payload.is_some() => {
+                    self.continue_payload(from, link, rx, own.as_deref_mut())?
+                }
+                None => self.read_header(from, link, rx)?,
+                Some(header) => self.on_frame(from, k, link, rx, header, own.as_deref_mut())?,
+            };
+            if let Next::Done(service) = next {
+                return Ok(service);
+            }
+        }
+    }
+
+    /// Decodes the next frame header once it is staged.
+    fn read_header(&self, from: u32, link: &Link, rx: &mut LinkRx) -> Result<Next, Lost> {
+        match self.stage(from, link, rx, HEADER_LEN)? {
+            Staged::Ready => {}
+            Staged::More => return Ok(Next::Again),
+            Staged::Idle => return Ok(Next::Done(Service::Idle)),
+        }
+        let mut bytes = [0u8; HEADER_LEN];
+        bytes.copy_from_slice(&rx.staging[rx.start..rx.start + HEADER_LEN]);
+        let header =
+            FrameHeader::decode(from, &bytes, self.cfg.max_frame).map_err(protocol_lost)?;
+        rx.start += HEADER_LEN;
+        rx.header = Some(header);
+        Ok(Next::Again)
+    }
+
+    /// Handles the frame whose header was read, once the fixed-length body of its kind is
+    /// staged: the reader's own kinds here, the same-host room's control frames there.
+    fn on_frame(
+        &self,
+        from: u32,
+        k: usize,
+        link: &Link,
+        rx: &mut LinkRx,
+        header: FrameHeader,
+        own: Option<&mut Own<'_>>,
+    ) -> Result<Next, Lost> {
+        match self.stage(from, link, rx, body_len(header.kind))? {
+            Staged::Ready => {}
+            Staged::More => return Ok(Next::Again),
+            Staged::Idle => return Ok(Next::Done(Service::Idle)),
+        }
+        let own_id = own.as_ref().map(|o| o.id);
+        match header.kind {
+            // The bytes were noted as heard when they were read; nothing else to do.
+            FrameKind::Beat => {
+                rx.header = None;
+                Ok(Next::Again)
+            }
+            FrameKind::Close => {
+                let addr = self.peers.get(from as usize).and_then(|p| p.as_ref());
+                let addr = addr.map_or("an unknown address", |p| p.addr.as_str());
+                Err(Lost::Gone(format!(
+                    "it closed its transport (connection to {addr})"
+                )))
+            }
+            FrameKind::Failure => self.on_failure_frame(from, k, rx, &header, own_id),
+            FrameKind::Data => self.on_data_frame(from, k, rx, &header, own_id),
+            FrameKind::Pull => self.on_single_copy_frame(from, k, rx, &header, own),
+            FrameKind::Offer | FrameKind::Lane => {
+                self.on_same_host_control(from, k, link, rx, &header)?;
+                Ok(Next::Again)
+            }
+        }
+    }
+
+    /// A failure notice: matched like a message, or parked when its receiver's queue is full.
+    fn on_failure_frame(
+        &self,
+        from: u32,
+        k: usize,
+        rx: &mut LinkRx,
+        header: &FrameHeader,
+        own_id: Option<PostId>,
+    ) -> Result<Next, Lost> {
+        on_link_zero(from, k, "failure notice")?;
+        let failure = Failure::decode(from, &rx.staging[rx.start..rx.start + FAILURE_WIRE_LEN])
+            .map_err(protocol_lost)?;
+        let mut st = lock(&self.hub.state);
+        let taken = st
+            .on_failure(from, header.seq, header.tag, failure)
+            .map_err(protocol_lost)?;
+        if !taken {
+            st.peers[from as usize].links[k].parked = true;
+            return Ok(Next::Done(Service::Parked));
+        }
+        let done = own_id.is_some_and(|id| st.is_done(from, id));
+        drop(st);
+        rx.start += FAILURE_WIRE_LEN;
+        rx.header = None;
+        self.hub.wake();
+        Ok(Next::Done(if done {
+            Service::OwnDone
+        } else {
+            Service::Progress
+        }))
+    }
+
+    /// A frame of a streamed message: matching says where its payload lands, or parks it.
+    fn on_data_frame(
+        &self,
+        from: u32,
+        k: usize,
+        rx: &mut LinkRx,
+        header: &FrameHeader,
+        own_id: Option<PostId>,
+    ) -> Result<Next, Lost> {
+        let mut st = lock(&self.hub.state);
+        let landing = if header.offset == 0 {
+            on_link_zero(from, k, "message start")?;
+            st.on_first_frame(from, header, own_id)
+        } else {
+            st.on_stripe(from, k, header, own_id)
+        }
+        .map_err(protocol_lost)?;
+        let Some(land) = land_of(landing) else {
+            st.peers[from as usize].links[k].parked = true;
+            return Ok(Next::Done(Service::Parked));
+        };
+        st.peers[from as usize].links[k].parked = false;
+        rx.header = None;
+        if header.len == 0 {
+            let done = own_id.is_some_and(|id| st.is_done(from, id));
+            drop(st);
+            self.hub.wake();
+            return Ok(Next::Done(if done {
+                Service::OwnDone
+            } else {
+                Service::Progress
+            }));
+        }
+        drop(st);
+        rx.payload = Some(Payload {
+            seq: header.seq,
+            land,
+            at: header.offset,
+            remaining: header.len,
+        });
+        Ok(Next::Again)
+    }
+
+    /// The one frame of a message carried by single copy: matched like the first frame of any
+    /// message, then read from the sender's memory by the same-host room.
+    fn on_single_copy_frame(
+        &self,
+        from: u32,
+        k: usize,
+        rx: &mut LinkRx,
+        header: &FrameHeader,
+        own: Option<&mut Own<'_>>,
+    ) -> Result<Next, Lost> {
+        on_link_zero(from, k, "single-copy frame")?;
+        let own_id = own.as_ref().map(|o| o.id);
+        let desc = descriptor(from, &rx.staging[rx.start..], header.total)?;
+        let pid = self.pull_source(from)?;
+        let mut st = lock(&self.hub.state);
+        let landing = st
+            .on_first_frame(from, header, own_id)
+            .map_err(protocol_lost)?;
+        let Some(land) = land_of(landing) else {
+            st.peers[from as usize].links[k].parked = true;
+            return Ok(Next::Done(Service::Parked));
+        };
+        st.peers[from as usize].links[k].parked = false;
+        drop(st);
+        rx.start += DESCRIPTOR_LEN;
+        rx.header = None;
+        self.take_pulled(from, pid, header, &desc, land, own)?;
+        Ok(Next::Done(
+            if self.account(from, header.seq, header.total, own_id)? {
+                Service::OwnDone
+            } else {
+                Service::Progress
+            },
+        ))
+    }
+
+    /// Moves the next piece of the payload being read, and accounts it in the matching state.
+    fn continue_payload(
+        &self,
+        from: u32,
+        link: &Link,
+        rx: &mut LinkRx,
+        own: Option<&mut Own<'_>>,
+    ) -> Result<Next, Lost> {
+        let own_id = own.as_ref().map(|o| o.id);
+        let Some(payload) = rx.payload.as_mut() else {
+            return Ok(Next::Again);
+        };
+        let step = self.move_payload(
+            from,
+            link,
+            payload,
+            &mut rx.staging,
+            &mut rx.start,
+            rx.end,
+            own,
+        )?;
+        match step {
+            PayloadStep::Moved(n) => {
+                let seq = payload.seq;
+                if payload.remaining == 0 {
+                    rx.payload = None;
+                }
+                Ok(Next::Done(if self.account(from, seq, n as u64, own_id)? {
+                    Service::OwnDone
+                } else {
+                    Service::Progress
+                }))
+            }
+            // Nothing is staged: one more byte makes progress.
+            PayloadStep::NeedFill => match self.stage(from, link, rx, rx.staged() + 1)? {
+                Staged::Ready | Staged::More => Ok(Next::Again),
+                Staged::Idle => Ok(Next::Done(Service::Idle)),
+            },
+            PayloadStep::Idle => Ok(Next::Done(Service::Idle)),
+        }
+    }
+
+    /// Moves the next piece of a payload: from the staging buffer, or straight from the socket
+    /// when the piece is large and nothing is staged.
+    #[allow(clippy::too_many_arguments, reason = "the split borrows of one LinkRx")]
+    fn move_payload(
+        &self,
+        from: u32,
+        link: &Link,
+        payload: &mut Payload,
+        staging: &mut [u8],
+        start: &mut usize,
+        end: usize,
+        own: Option<&mut Own<'_>>,
+    ) -> Result<PayloadStep, Lost> {
+        let staged = end - *start;
+        let want = payload.remaining.min(usize::MAX as u64) as usize;
+        let at = payload.at as usize;
+        let n = if staged > 0 {
+            let n = staged.min(want);
+            let src = &staging[*start..*start + n];
+            match payload.land {
+                Land::Caller => match own.and_then(|o| o.buf.as_deref_mut()) {
+                    Some(buf) => buf[at..at + n].copy_from_slice(src),
+                    None => return Err(internal_lost(from)),
+                },
+                Land::Owned(dest) => {
+                    // SAFETY: see `RawDest`: `at + n` lies inside the message (checked when
+                    // the frame header was decoded and matched) and this link alone writes
+                    // this stripe's range while the message is arriving.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(src.as_ptr(), dest.0.add(at), n);
+                    }
+                }
+                Land::Discard => {}
+            }
+            *start += n;
+            n
+        } else if payload.remaining >= DIRECT_READ_MIN && !matches!(payload.land, Land::Discard) {
+            let result = match payload.land {
+                Land::Caller => match own.and_then(|o| o.buf.as_deref_mut()) {
+                    Some(buf) => link.read(&mut buf[at..at + want]),
+                    None => return Err(internal_lost(from)),
+                },
+                Land::Owned(dest) => {
+                    // SAFETY: as above; the slice covers exactly the unwritten rest of this
+                    // link's stripe, which nothing else reads or writes meanwhile.
+                    let slice = unsafe { std::slice::from_raw_parts_mut(dest.0.add(at), want) };
+                    link.read(slice)
+                }
+                Land::Discard => Ok(0),
+            };
+            match result {
+                Ok(0) => return Err(self.lost_eof(from)),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(PayloadStep::Idle),
+                Err(e) => return Err(self.lost_from_io(from, "reading", &e)),
+            }
+        } else {
+            return Ok(PayloadStep::NeedFill);
+        };
+        payload.at += n as u64;
+        payload.remaining -= n as u64;
+        let owned = matches!(payload.land, Land::Owned(_));
+        self.traffic.received(n as u64, owned);
+        Ok(PayloadStep::Moved(n))
+    }
+
+    /// Reads more of `link` into the staging buffer unless `n` bytes are staged already.
+    fn stage(&self, from: u32, link: &Link, rx: &mut LinkRx, n: usize) -> Result<Staged, Lost> {
+        if rx.staged() >= n {
+            return Ok(Staged::Ready);
+        }
+        match rx.fill(link) {
+            Ok(0) => Err(self.lost_eof(from)),
+            Ok(_) => Ok(Staged::More),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Staged::Idle),
+            Err(e) => Err(self.lost_from_io(from, "reading", &e)),
+        }
+    }
+
+    /// Records `n` bytes of message `seq`; returns whether the caller's own receive is done.
+    fn account(&self, from: u32, seq: u64, n: u64, own: Option<PostId>) -> Result<bool, Lost> {
+        let mut st = lock(&self.hub.state);
+        let completed = st.on_bytes(from, seq, n).map_err(protocol_lost)?;
+        let done = own.is_some_and(|id| st.is_done(from, id));
+        drop(st);
+        if completed && !done {
+            self.hub.wake();
+        }
+        Ok(done)
+    }
+}
