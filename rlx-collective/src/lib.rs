@@ -84,6 +84,7 @@ mod broadcast;
 mod compression;
 pub mod conformance;
 mod debug_log;
+pub mod env;
 mod federated;
 pub mod flight;
 #[doc(hidden)]
@@ -107,7 +108,8 @@ mod split;
 mod wait_chain;
 
 pub use compression::{Compression, Compressor, FRAME_CHUNK, INT8_BLOCK};
-pub use debug_log::{DEBUG_VAR, PREFIXED_VAR, install_debug_subscriber};
+pub use debug_log::install_debug_subscriber;
+pub use env::{DEBUG_VAR, PREFIXED_VAR};
 pub use group::{ProcessGroup, WORLD_GROUP_ID};
 pub use handle::{AllReduceHandle, CollectiveHandle};
 pub use init::{BACKEND_VAR, compiled_backends, init, join};

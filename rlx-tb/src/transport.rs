@@ -164,7 +164,7 @@ impl ThunderboltTransportBuilder {
             None => {
                 let filter = match self.ifname {
                     Some(filter) => Some(filter),
-                    None => discovery::filter_from_env()?,
+                    None => crate::env::filter_from_env()?,
                 };
                 discovery::select_links(&seen, filter.as_ref())?
             }

@@ -9,6 +9,8 @@
 //! - [`MemTransport`]: ranks as threads of one process, built on the shared [`Inbox`].
 //! - [`SymmetricTransport`] (module [`symmetric`]): one-sided put/get/atomics on a symmetric
 //!   heap, provided for any transport by [`Symmetric`].
+//! - [`env`]: the `RLX_*` environment variables this crate reads, and [`env::Variable`], the
+//!   shape of every crate's documented list of variables.
 //! - [`blocked_send`]: the hook through which the layers above keep their duties (answering
 //!   wait probes) while a send of theirs waits inside a transport on a peer that does not read.
 //!
@@ -35,6 +37,7 @@ pub mod blocked_send;
 pub mod bootstrap;
 mod dtype;
 mod element;
+pub mod env;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;
