@@ -504,9 +504,16 @@ impl TcpTransportBuilder {
         self.secret.clone()
     }
 
-    /// The rendezvous, when one is set.
-    pub(crate) fn rendezvous_spec(&self) -> Option<&Rendezvous> {
+    /// The rendezvous, when one is set: what a wrapping builder (the Thunderbolt transport's)
+    /// plans its links from, so that it takes the option from this builder instead of
+    /// repeating it.
+    pub fn rendezvous_spec(&self) -> Option<&Rendezvous> {
         self.rendezvous.as_ref()
+    }
+
+    /// The rank, when one is set (see [`rendezvous_spec`](Self::rendezvous_spec) for why).
+    pub fn rank_spec(&self) -> Option<u32> {
+        self.rank
     }
 
     /// How long bootstrap (and joining) waits for the other ranks.
