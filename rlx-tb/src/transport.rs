@@ -9,7 +9,7 @@ use std::time::Duration;
 use rlx_net::{TcpTransport, TcpTransportBuilder};
 use rlx_transport::ifname::IfnameFilter;
 use rlx_transport::{
-    CollectiveError, Failure, LaunchEnv, NativeCollectives, Result, Symmetric, Tag, Transport,
+    Admission, CollectiveError, LaunchEnv, PendingJoiner, Result, Symmetric, Transport,
 };
 
 use crate::bootstrap::{LinkMap, Resolved, kernel_route, plan};
@@ -244,101 +244,85 @@ impl ThunderboltTransport {
     }
 }
 
-impl Transport for ThunderboltTransport {
-    fn rank(&self) -> u32 {
-        self.inner.rank()
+/// Why a Thunderbolt world cannot grow, in the errors of its [`Admission`].
+pub(crate) const GROWING_UNSUPPORTED: &str = "growing a Thunderbolt world: the TCP admission \
+    would listen for joiners and connect the grown world on sockets that are not pinned to the \
+    Thunderbolt links (its link map was planned for the old world), and a joiner has no \
+    Thunderbolt way in (rlx_collective::join is TCP only)";
+
+/// Every method forwards to the TCP transport underneath, except [`admission`]: growing
+/// refuses with [`CollectiveError::Unsupported`] naming why (see [`GROWING_UNSUPPORTED`]),
+/// instead of growing a world whose new links leave the Thunderbolt cables.
+///
+/// [`admission`]: Transport::admission
+impl rlx_transport::Delegate for ThunderboltTransport {
+    fn inner(&self) -> &dyn Transport {
+        &self.inner
     }
 
-    fn world_size(&self) -> u32 {
-        self.inner.world_size()
+    fn admission(&self) -> Option<&dyn Admission> {
+        Some(self)
     }
+}
 
-    fn send_message(&self, to: u32, tag: Tag, parts: &[&[u8]]) -> Result<()> {
-        self.inner.send_message(to, tag, parts)
-    }
-
-    fn recv_message(&self, from: u32, tag: Tag, timeout: Duration) -> Result<Option<Vec<u8>>> {
-        self.inner.recv_message(from, tag, timeout)
-    }
-
-    fn recv_message_into(
+/// The refusal of [`GROWING_UNSUPPORTED`], at the first step `ProcessGroup::grow` takes, so
+/// that the group's rank 0 tells every member why and no rank waits for its deadline.
+impl Admission for ThunderboltTransport {
+    fn await_joiners(
         &self,
-        from: u32,
-        tag: Tag,
-        buf: &mut [u8],
-        timeout: Duration,
-    ) -> Result<Option<usize>> {
-        self.inner.recv_message_into(from, tag, buf, timeout)
+        _count: u32,
+        _timeout: Duration,
+    ) -> Result<Vec<Box<dyn PendingJoiner>>> {
+        Err(CollectiveError::unsupported(GROWING_UNSUPPORTED))
     }
 
-    fn traffic(&self) -> Option<rlx_transport::Traffic> {
-        self.inner.traffic()
+    fn plan_world(&self, _size: u32) -> Result<Vec<u8>> {
+        Err(CollectiveError::unsupported(GROWING_UNSUPPORTED))
     }
 
-    fn send_recv_into(
-        &self,
-        to: u32,
-        from: u32,
-        tag: Tag,
-        parts: &[&[u8]],
-        buf: &mut [u8],
-        timeout: Duration,
-    ) -> Result<Option<usize>> {
-        self.inner
-            .send_recv_into(to, from, tag, parts, buf, timeout)
+    fn successor(&self, _plan: &[u8], _rank: u32, _size: u32) -> Result<Arc<dyn Transport>> {
+        Err(CollectiveError::unsupported(GROWING_UNSUPPORTED))
     }
+}
 
-    fn send_failure(&self, to: u32, tag: Tag, failure: Failure) -> Result<()> {
-        self.inner.send_failure(to, tag, failure)
-    }
+// Loopback stands in for a Thunderbolt link here, as in the netns tests' `RLX_TB_IFNAME==lo`;
+// the interface is named `lo` on Linux only.
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
 
-    fn try_send_message(&self, to: u32, tag: Tag, parts: &[&[u8]], wait: Duration) -> Result<bool> {
-        self.inner.try_send_message(to, tag, parts, wait)
-    }
-
-    fn try_send_message_during(
-        &self,
-        to: u32,
-        tag: Tag,
-        parts: &[&[u8]],
-        wait: Duration,
-        meanwhile: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<bool> {
-        self.inner
-            .try_send_message_during(to, tag, parts, wait, meanwhile)
-    }
-
-    fn segment_hint(&self, members: &[u32]) -> Option<usize> {
-        self.inner.segment_hint(members)
-    }
-
-    fn try_send_failure(
-        &self,
-        to: u32,
-        tag: Tag,
-        failure: Failure,
-        wait: Duration,
-    ) -> Result<bool> {
-        self.inner.try_send_failure(to, tag, failure, wait)
-    }
-
-    fn op_timeout(&self) -> Duration {
-        self.inner.op_timeout()
-    }
-
-    fn exclude_peer(&self, peer: u32) -> Result<()> {
-        self.inner.exclude_peer(peer)
-    }
-
-    fn abort(&self) {
-        self.inner.abort();
-    }
-
-    fn native_collectives(&self) -> Option<&dyn NativeCollectives> {
-        self.inner.native_collectives()
-    }
-
-    fn barrier(&self) -> Result<()> {
-        self.inner.barrier()
+    #[test]
+    fn growing_is_refused_with_the_reason() {
+        let lo = sys::list_interfaces()
+            .unwrap()
+            .into_iter()
+            .find(|i| i.name == "lo")
+            .unwrap();
+        let transport = ThunderboltTransport::builder()
+            .links(vec![lo])
+            .tcp(|tcp| tcp.rank(0).hostfile(vec![vec!["127.0.0.1:0".to_owned()]]))
+            .build()
+            .unwrap();
+        let admission = transport.admission().expect("an admission that refuses");
+        let refusals = [
+            admission
+                .await_joiners(1, Duration::from_millis(1))
+                .map(drop),
+            admission.plan_world(2).map(drop),
+            admission.successor(&[], 0, 2).map(drop),
+        ];
+        for refusal in refusals {
+            let err = refusal.unwrap_err();
+            assert!(
+                matches!(err, CollectiveError::Unsupported { .. })
+                    && err
+                        .to_string()
+                        .contains("not pinned to the Thunderbolt links"),
+                "{err}"
+            );
+        }
+        // Everything else is the TCP transport's.
+        assert_eq!((transport.rank(), transport.world_size()), (0, 1));
+        transport.barrier().unwrap();
     }
 }
