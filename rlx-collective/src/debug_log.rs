@@ -11,30 +11,25 @@ use std::io::Write;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
 
-/// The environment variable that turns the diagnostics on, in `tracing-subscriber`'s
-/// `EnvFilter` syntax: `RLX_DEBUG=info`, `RLX_DEBUG=rlx_net=debug,info`, ...
-pub const DEBUG_VAR: &str = "RLX_DEBUG";
+use crate::env::{self, DEBUG_VAR, PREFIXED_VAR};
 
-/// Set by a launcher that prefixes every line of a rank's output with the rank itself (as
-/// `cargo xtask launch` and `test-cluster` do), so that the lines are not prefixed twice.
-pub const PREFIXED_VAR: &str = "RLX_OUTPUT_PREFIXED";
-
-/// Installs the stderr subscriber when `RLX_DEBUG` is set and no global subscriber exists yet,
-/// prefixing every line with `[rank R]` (the rank that the launch environment names, or `?`)
-/// unless `RLX_OUTPUT_PREFIXED` says the launcher does that already.
+/// Installs the stderr subscriber when `RLX_DEBUG` is set (and not `0`) and no global
+/// subscriber exists yet, prefixing every line with `[rank R]` (the rank that the launch
+/// environment names, or `?`) unless `RLX_OUTPUT_PREFIXED` (set, and not `0`) says the
+/// launcher does that already.
 /// Returns whether it installed one. Call it once, early; [`init`](crate::init()) does.
 ///
 /// An unparsable `RLX_DEBUG` still installs the subscriber, at `info`, and says so, so that
 /// a typo never silences the diagnostics a user asked for.
 pub fn install_debug_subscriber() -> bool {
-    let Ok(directives) = std::env::var(DEBUG_VAR) else {
+    let Some(directives) = env::read(DEBUG_VAR).and_then(|value| value.into_string().ok()) else {
         return false;
     };
     let (filter, bad) = match EnvFilter::try_new(directives.trim()) {
         Ok(filter) => (filter, None),
         Err(e) => (EnvFilter::new("info"), Some(e)),
     };
-    let prefix = if std::env::var_os(PREFIXED_VAR).is_some() {
+    let prefix = if env::read(PREFIXED_VAR).is_some() {
         String::new()
     } else {
         // Only the rank variables: the rest of the launch environment (a hostfile to read)

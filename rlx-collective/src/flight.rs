@@ -22,8 +22,7 @@ use serde::Serialize;
 
 use crate::{CollectiveError, Result};
 
-/// The directory the records are dumped to, when set.
-pub const FLIGHT_DIR_VAR: &str = "RLX_FLIGHT_RECORDER";
+pub use crate::env::FLIGHT_DIR_VAR;
 
 /// Operations a group remembers unless told otherwise.
 pub const DEFAULT_FLIGHT_ENTRIES: usize = 2048;
@@ -230,10 +229,10 @@ impl FlightRecorder {
             .map_err(io)
     }
 
-    /// Dumps to `RLX_FLIGHT_RECORDER` when it is set; a failure to write is logged, never
+    /// Dumps to `RLX_FLIGHT_RECORDER` when it is set (and not `0`); a failure to write is logged, never
     /// raised (the error being reported matters more).
     pub(crate) fn dump_if_asked(&self, is_world: bool) {
-        let Some(dir) = std::env::var_os(FLIGHT_DIR_VAR) else {
+        let Some(dir) = crate::env::read(FLIGHT_DIR_VAR) else {
             return;
         };
         let path = self.file_in(Path::new(&dir), is_world);

@@ -2,10 +2,8 @@
 //! compiled in and `RLX_BACKEND` selects; [`join`]: the same for a process that joins a
 //! running job.
 
+pub use crate::env::BACKEND_VAR;
 use crate::{CollectiveError, ProcessGroup, Result};
-
-/// The environment variable that picks the backend: `tcp`, `tb` or `mlx`.
-pub const BACKEND_VAR: &str = "RLX_BACKEND";
 
 /// The backends compiled into this build, by their `RLX_BACKEND` names.
 pub fn compiled_backends() -> Vec<&'static str> {

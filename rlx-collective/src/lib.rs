@@ -84,6 +84,7 @@ mod broadcast;
 mod compression;
 pub mod conformance;
 mod debug_log;
+pub mod env;
 mod federated;
 pub mod flight;
 #[doc(hidden)]
@@ -107,14 +108,15 @@ mod split;
 mod wait_chain;
 
 pub use compression::{Compression, Compressor, FRAME_CHUNK, INT8_BLOCK};
-pub use debug_log::{DEBUG_VAR, PREFIXED_VAR, install_debug_subscriber};
+pub use debug_log::install_debug_subscriber;
+pub use env::{DEBUG_VAR, PREFIXED_VAR};
 pub use group::{ProcessGroup, WORLD_GROUP_ID};
 pub use handle::{AllReduceHandle, CollectiveHandle};
 pub use init::{BACKEND_VAR, compiled_backends, init, join};
 pub use rlx_transport::{
-    Admission, CollectiveError, DEFAULT_OP_TIMEOUT, DType, Element, FAILURE_WIRE_LEN, Failure,
-    FatalCause, Inbox, MemJoiner, MemTransport, NativeCollectives, NativeOp, ReduceKind, Result,
-    TAG_RESERVED_BASE, TRANSPORT_GROUP, Tag, Transport, negotiate_reduce_dtype,
+    Admission, CollectiveError, DEFAULT_OP_TIMEOUT, DType, Delegate, Element, FAILURE_WIRE_LEN,
+    Failure, FatalCause, Inbox, MemJoiner, MemTransport, NativeCollectives, NativeOp, ReduceKind,
+    Result, TAG_RESERVED_BASE, TRANSPORT_GROUP, Tag, Transport, negotiate_reduce_dtype,
 };
 pub use select::{Algorithm, CollectiveOp};
 

@@ -192,6 +192,8 @@ struct Counting {
     sent: AtomicU64,
 }
 
+// Not a `Delegate`: the trait's provided methods route every send through `send_message`,
+// where it is counted; forwarding them would bypass the count.
 impl Transport for Counting {
     fn rank(&self) -> u32 {
         self.inner.rank()

@@ -6,11 +6,10 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use rlx_collective::{
-    CollectiveError, DType, Failure, MemTransport, NativeCollectives, NativeOp, ProcessGroup,
-    ReduceKind, Result, Tag, Transport,
+    CollectiveError, DType, MemTransport, NativeCollectives, NativeOp, ProcessGroup, ReduceKind,
+    Result, Transport,
 };
 
 /// A `MemTransport` rank that claims native f32 Sum collectives and marks their output, so the
@@ -52,25 +51,12 @@ impl NativeCollectives for NativeMem {
     }
 }
 
-impl Transport for NativeMem {
-    fn rank(&self) -> u32 {
-        self.inner.rank()
+/// Everything but the native collectives is the inner transport's.
+impl rlx_collective::Delegate for NativeMem {
+    fn inner(&self) -> &dyn Transport {
+        &*self.inner
     }
-    fn world_size(&self) -> u32 {
-        self.inner.world_size()
-    }
-    fn send_message(&self, to: u32, tag: Tag, parts: &[&[u8]]) -> Result<()> {
-        self.inner.send_message(to, tag, parts)
-    }
-    fn recv_message(&self, from: u32, tag: Tag, timeout: Duration) -> Result<Option<Vec<u8>>> {
-        self.inner.recv_message(from, tag, timeout)
-    }
-    fn send_failure(&self, to: u32, tag: Tag, failure: Failure) -> Result<()> {
-        self.inner.send_failure(to, tag, failure)
-    }
-    fn op_timeout(&self) -> Duration {
-        self.inner.op_timeout()
-    }
+
     fn native_collectives(&self) -> Option<&dyn NativeCollectives> {
         Some(self)
     }

@@ -12,7 +12,9 @@ use std::time::Duration;
 use rlx_transport::{CollectiveError, Inbox, Result};
 
 use crate::backend::{Backend, Topology};
-use crate::env::{check_mpi_env, check_ring_env, direct_max_from_env, env_var, timeout_from_env};
+use crate::env::{
+    backend_from_env, check_mpi_env, check_ring_env, direct_max_from_env, env_var, timeout_from_env,
+};
 use crate::ffi::{self, Group};
 use crate::pool::ArrayPool;
 use crate::progress::{collective_loop, receiver_loop, sender_loop};
@@ -44,11 +46,7 @@ impl MlxTransport {
 
     /// [`MlxTransport::init`] on the backend named by `RLX_MLX_BACKEND` (`any` when unset).
     pub fn from_env() -> Result<MlxTransport> {
-        let backend = match env_var("RLX_MLX_BACKEND") {
-            Some(name) => name.parse()?,
-            None => Backend::Any,
-        };
-        Self::init(backend)
+        Self::init(backend_from_env()?)
     }
 
     /// [`MlxTransport::init`] with an explicit operation timeout for joining and for every

@@ -39,8 +39,7 @@
 mod backend;
 #[cfg(feature = "mlx")]
 mod bootstrap;
-#[cfg(feature = "mlx")]
-mod env;
+pub mod env;
 #[cfg(feature = "mlx")]
 mod exchange;
 #[cfg(feature = "mlx")]

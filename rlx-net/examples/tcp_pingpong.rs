@@ -27,7 +27,7 @@ fn rank_main(rank: u32, port: u16) -> Result<(), Box<dyn std::error::Error>> {
         .master("127.0.0.1", port)
         .connect_timeout(Duration::from_secs(20))
         .spin(Duration::from_micros(
-            std::env::var("RLX_SPIN_US")
+            std::env::var(rlx_net::env::SPIN_US)
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(50),

@@ -292,45 +292,37 @@ impl TcpTransportBuilder {
         self
     }
 
-    /// Applies the engine's tuning variables of the environment: `RLX_SPIN_US` (see
-    /// [`spin`](Self::spin)), `RLX_HEARTBEAT_MS` (see [`heartbeat`](Self::heartbeat)),
-    /// `RLX_SINGLE_COPY` (`0` or `1`, see [`single_copy`](Self::single_copy)),
-    /// `RLX_SINGLE_COPY_MIN_BYTES` (see [`single_copy_min_bytes`](Self::single_copy_min_bytes)),
-    /// `RLX_BOUNCE_BYTES` (see [`bounce_bytes`](Self::bounce_bytes)) and `RLX_LANE_BYTES` (see
-    /// [`lane_bytes`](Self::lane_bytes)).
+    /// Applies the engine's tuning variables of the environment (names and defaults in
+    /// [`env`](crate::env) and the README's table): `RLX_SPIN_US` (see [`spin`](Self::spin)),
+    /// `RLX_HEARTBEAT_MS` (see [`heartbeat`](Self::heartbeat)), `RLX_SINGLE_COPY` (`0` or `1`,
+    /// see [`single_copy`](Self::single_copy)), `RLX_SINGLE_COPY_MIN_BYTES` (see
+    /// [`single_copy_min_bytes`](Self::single_copy_min_bytes)), `RLX_BOUNCE_BYTES` (see
+    /// [`bounce_bytes`](Self::bounce_bytes)) and `RLX_LANE_BYTES` (see
+    /// [`lane_bytes`](Self::lane_bytes)). As everywhere in the environment, `0` turns each
+    /// off: `RLX_SINGLE_COPY_MIN_BYTES=0` as `RLX_SINGLE_COPY=0` does (`1` carries every
+    /// message).
     /// Fails with `Config` when one is set but is not a number.
     pub fn tuning_env(mut self) -> Result<Self> {
-        let number = |name: &str| -> Result<Option<u64>> {
-            match std::env::var(name) {
-                Ok(value) => value.trim().parse().map(Some).map_err(|_| {
-                    CollectiveError::config(format!("{name}={value:?} is not a number"))
-                }),
-                Err(_) => Ok(None),
-            }
-        };
-        if let Some(us) = number("RLX_SPIN_US")? {
+        let tuning = crate::env::Tuning::from_env()?;
+        if let Some(us) = tuning.spin_us {
             self.spin = Duration::from_micros(us);
         }
-        if let Some(ms) = number("RLX_HEARTBEAT_MS")? {
+        if let Some(ms) = tuning.heartbeat_ms {
             self.heartbeat = Duration::from_millis(ms);
         }
-        if let Some(bytes) = number("RLX_SINGLE_COPY_MIN_BYTES")? {
-            self = self.single_copy_min_bytes(bytes);
+        match tuning.single_copy_min_bytes {
+            Some(0) => self = self.single_copy(false),
+            Some(bytes) => self = self.single_copy_min_bytes(bytes),
+            None => {}
         }
-        if let Some(bytes) = number("RLX_BOUNCE_BYTES")? {
+        if let Some(bytes) = tuning.bounce_bytes {
             self = self.bounce_bytes(bytes);
         }
-        if let Some(bytes) = number("RLX_LANE_BYTES")? {
+        if let Some(bytes) = tuning.lane_bytes {
             self = self.lane_bytes(bytes);
         }
-        match number("RLX_SINGLE_COPY")? {
-            None | Some(1) => {}
-            Some(0) => self = self.single_copy(false),
-            Some(other) => {
-                return Err(CollectiveError::config(format!(
-                    "RLX_SINGLE_COPY={other} (0 turns the single-copy path off, 1 leaves it on)"
-                )));
-            }
+        if tuning.single_copy == Some(false) {
+            self = self.single_copy(false);
         }
         Ok(self)
     }
@@ -512,9 +504,16 @@ impl TcpTransportBuilder {
         self.secret.clone()
     }
 
-    /// The rendezvous, when one is set.
-    pub(crate) fn rendezvous_spec(&self) -> Option<&Rendezvous> {
+    /// The rendezvous, when one is set: what a wrapping builder (the Thunderbolt transport's)
+    /// plans its links from, so that it takes the option from this builder instead of
+    /// repeating it.
+    pub fn rendezvous_spec(&self) -> Option<&Rendezvous> {
         self.rendezvous.as_ref()
+    }
+
+    /// The rank, when one is set (see [`rendezvous_spec`](Self::rendezvous_spec) for why).
+    pub fn rank_spec(&self) -> Option<u32> {
+        self.rank
     }
 
     /// How long bootstrap (and joining) waits for the other ranks.

@@ -17,15 +17,14 @@
 //!   memory (`progress/single_copy.rs`, Linux);
 //! - `error.rs`: how failures map onto `CollectiveError`;
 //! - `builder.rs`: [`TcpTransportBuilder`], the configuration and the build;
+//! - `env.rs`: the tuning variables of the environment, their names and documented list;
 //! - `transport.rs`: [`TcpTransport`] and the [`Transport`] methods.
 //!
 //! The launch environment (`RLX_RANK`, torchrun's, Open MPI's, PMI's and Slurm's variables,
-//! hostfiles, `RLX_SOCKET_IFNAME`, `RLX_TIMEOUT_MS`, `RLX_JOB_SECRET`, `RLX_JOB_ID`,
-//! `RLX_SOCKETS_PER_PEER`, `RLX_MAX_FRAME_BYTES`) is parsed by [`rlx_transport::bootstrap`],
-//! shared with the Thunderbolt transport; [`TcpTransport::from_env`] also reads `RLX_SPIN_US`,
-//! `RLX_HEARTBEAT_MS`, `RLX_SINGLE_COPY` and `RLX_SINGLE_COPY_MIN_BYTES` (see
-//! [`TcpTransportBuilder::spin`], [`TcpTransportBuilder::heartbeat`] and
-//! [`TcpTransportBuilder::single_copy`]).
+//! hostfiles, ...) is parsed by [`rlx_transport::bootstrap`], shared with the Thunderbolt
+//! transport; [`TcpTransport::from_env`] also reads the engine's tuning variables (module
+//! [`env`], applied by [`TcpTransportBuilder::tuning_env`]). The README's table of variables
+//! ("Launching across processes or machines") lists every one, with its default and backends.
 //!
 //! Errors: a peer that closes, crashes or resets, or that sends nothing (not even a heartbeat)
 //! for five heartbeat intervals, fails every operation that needs it with
@@ -46,6 +45,7 @@ mod admission;
 mod auth;
 mod bootstrap;
 mod builder;
+pub mod env;
 mod error;
 mod frame;
 #[doc(hidden)]

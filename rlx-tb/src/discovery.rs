@@ -18,10 +18,8 @@ use std::net::IpAddr;
 use rlx_transport::ifname::IfnameFilter;
 use rlx_transport::{CollectiveError, Result};
 
+use crate::env::{TB_IFNAME_ENV, filter_from_env};
 use crate::sys;
-
-/// The environment variable that overrides discovery, in NCCL's `NCCL_SOCKET_IFNAME` syntax.
-pub const TB_IFNAME_ENV: &str = "RLX_TB_IFNAME";
 
 /// Why an interface is taken for a Thunderbolt link.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -128,17 +126,6 @@ pub fn discover() -> Result<Vec<Interface>> {
     tracing::info!(links = ?names, filter = ?filter.map(|f| f.to_string()), "Thunderbolt links");
     tracing::debug!(interfaces = ?seen, "interfaces seen");
     Ok(chosen)
-}
-
-/// The `RLX_TB_IFNAME` filter, when the variable is set.
-pub(crate) fn filter_from_env() -> Result<Option<IfnameFilter>> {
-    match std::env::var(TB_IFNAME_ENV) {
-        Ok(spec) => Ok(Some(IfnameFilter::parse(&spec)?)),
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(_)) => Err(CollectiveError::config(format!(
-            "{TB_IFNAME_ENV} is not valid unicode"
-        ))),
-    }
 }
 
 /// Picks the links among `seen` by the rules of the module docs; the result keeps the order of

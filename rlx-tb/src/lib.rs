@@ -46,10 +46,12 @@
 
 mod bootstrap;
 pub mod discovery;
+pub mod env;
 mod pin;
 mod sys;
 mod transport;
 
-pub use discovery::{Evidence, Interface, TB_IFNAME_ENV, discover, select_links};
+pub use discovery::{Evidence, Interface, discover, select_links};
+pub use env::TB_IFNAME_ENV;
 pub use pin::{is_link_local_v6, parse_scoped, pin_socket, pinned_interface, scoped_addr};
 pub use transport::{ThunderboltHeap, ThunderboltTransport, ThunderboltTransportBuilder};

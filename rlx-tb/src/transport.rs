@@ -9,8 +9,7 @@ use std::time::Duration;
 use rlx_net::{TcpTransport, TcpTransportBuilder};
 use rlx_transport::ifname::IfnameFilter;
 use rlx_transport::{
-    CollectiveError, Failure, LaunchEnv, NativeCollectives, Rendezvous, Result, Symmetric, Tag,
-    Transport,
+    Admission, CollectiveError, LaunchEnv, PendingJoiner, Result, Symmetric, Transport,
 };
 
 use crate::bootstrap::{LinkMap, Resolved, kernel_route, plan};
@@ -55,57 +54,43 @@ pub struct ThunderboltTransport {
 }
 
 /// Configures and builds a [`ThunderboltTransport`]; see [`ThunderboltTransport::builder`].
+///
+/// It holds a [`TcpTransportBuilder`] and sets every option the two transports share (rank,
+/// world size, hostfile or master address, timeouts, secret, job id, frame cap, sockets per
+/// peer, tuning) through one door, [`tcp`](Self::tcp), instead of repeating them; its own
+/// methods are only what Thunderbolt adds: which links ([`ifname`](Self::ifname),
+/// [`links`](Self::links)) and the launch environment without `RLX_SOCKET_IFNAME`
+/// ([`launch_env`](Self::launch_env)).
 #[derive(Clone, Debug, Default)]
 pub struct ThunderboltTransportBuilder {
     tcp: TcpTransportBuilder,
-    rank: Option<u32>,
-    rendezvous: Option<Rendezvous>,
     ifname: Option<IfnameFilter>,
     links: Option<Vec<Interface>>,
 }
 
 impl ThunderboltTransportBuilder {
-    /// This process's rank (required).
-    pub fn rank(mut self, rank: u32) -> Self {
-        self.rank = Some(rank);
-        self.tcp = self.tcp.rank(rank);
-        self
-    }
-
-    /// The number of ranks (required unless a hostfile gives it).
-    pub fn world_size(mut self, world: u32) -> Self {
-        self.tcp = self.tcp.world_size(world);
-        self
-    }
-
-    /// Every rank's listening addresses on its links (`"host:port"`, IPv6 link-local ones as
-    /// `"[fe80::1%thunderbolt0]:5000"`), one per link, as in an MLX hostfile.
-    pub fn hostfile(mut self, entries: Vec<Vec<String>>) -> Self {
-        self.rendezvous = Some(Rendezvous::Hostfile(entries.clone()));
-        self.tcp = self.tcp.hostfile(entries);
-        self
-    }
-
-    /// A rendezvous store hosted by rank 0 at `host:port`, an address of one of rank 0's links.
-    pub fn master(mut self, host: impl Into<String>, port: u16) -> Self {
-        let host = host.into();
-        self.rendezvous = Some(Rendezvous::Store {
-            host: host.clone(),
-            port,
-        });
-        self.tcp = self.tcp.master(host, port);
-        self
-    }
-
-    /// How long blocking calls wait by default; see [`TcpTransportBuilder::op_timeout`].
-    pub fn op_timeout(mut self, timeout: Duration) -> Self {
-        self.tcp = self.tcp.op_timeout(timeout);
-        self
-    }
-
-    /// How long bootstrap waits for every rank; see [`TcpTransportBuilder::connect_timeout`].
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.tcp = self.tcp.connect_timeout(timeout);
+    /// Sets the options shared with TCP on the underlying [`TcpTransportBuilder`]: the rank
+    /// and world size, the rendezvous (hostfile or master address: addresses on Thunderbolt
+    /// links, IPv6 link-local ones as `"[fe80::1%thunderbolt0]:5000"`, one per link), timeouts,
+    /// frame cap, secret, job id, sockets per peer, tuning. Its bind address and socket setup
+    /// hook are replaced at build time by the link's address and the pinning hook.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use rlx_tb::ThunderboltTransport;
+    ///
+    /// let builder = ThunderboltTransport::builder().tcp(|tcp| {
+    ///     tcp.rank(1)
+    ///         .world_size(2)
+    ///         .master("169.254.10.1", 29500)
+    ///         .op_timeout(Duration::from_secs(60))
+    /// });
+    /// # drop(builder);
+    /// ```
+    pub fn tcp(mut self, adjust: impl FnOnce(TcpTransportBuilder) -> TcpTransportBuilder) -> Self {
+        self.tcp = adjust(self.tcp);
         self
     }
 
@@ -123,24 +108,15 @@ impl ThunderboltTransportBuilder {
         self
     }
 
-    /// Adjusts the underlying [`TcpTransportBuilder`] (frame cap, secret, job id, sockets per
-    /// peer, ...). Its bind address and socket setup hook are replaced at build time by the
-    /// link's address and the pinning hook; set the rank and the rendezvous on this builder.
-    pub fn tcp(mut self, adjust: impl FnOnce(TcpTransportBuilder) -> TcpTransportBuilder) -> Self {
-        self.tcp = adjust(self.tcp);
-        self
-    }
-
     /// Applies everything [`LaunchEnv`] read from the environment, except
     /// `RLX_SOCKET_IFNAME`: Thunderbolt links are chosen by discovery and `RLX_TB_IFNAME`.
-    pub fn launch_env(mut self, env: LaunchEnv) -> Self {
-        self.rank = Some(env.rank);
-        self.rendezvous = Some(env.rendezvous.clone());
-        self.tcp = self.tcp.launch_env(LaunchEnv {
-            ifname: None,
-            ..env
-        });
-        self
+    pub fn launch_env(self, env: LaunchEnv) -> Self {
+        self.tcp(|tcp| {
+            tcp.launch_env(LaunchEnv {
+                ifname: None,
+                ..env
+            })
+        })
     }
 
     /// Finds the links, checks the rendezvous against them, then rendezvous with every rank,
@@ -152,11 +128,12 @@ impl ThunderboltTransportBuilder {
     /// address leaves through another interface; with `Io` naming the peer when a peer
     /// advertised through the store cannot be reached over a link.
     pub fn build(self) -> Result<ThunderboltTransport> {
-        let rendezvous = self.rendezvous.ok_or_else(|| {
+        let rendezvous = self.tcp.rendezvous_spec().cloned().ok_or_else(|| {
             CollectiveError::config("no rendezvous: give a hostfile or a master address")
         })?;
         let rank = self
-            .rank
+            .tcp
+            .rank_spec()
             .ok_or_else(|| CollectiveError::config("no rank given"))?;
         let seen = sys::list_interfaces()?;
         let links = match self.links {
@@ -164,7 +141,7 @@ impl ThunderboltTransportBuilder {
             None => {
                 let filter = match self.ifname {
                     Some(filter) => Some(filter),
-                    None => discovery::filter_from_env()?,
+                    None => crate::env::filter_from_env()?,
                 };
                 discovery::select_links(&seen, filter.as_ref())?
             }
@@ -206,7 +183,9 @@ impl ThunderboltTransport {
     ///     vec!["169.254.1.1:5000".to_owned(), "169.254.2.1:5000".to_owned()],
     ///     vec!["169.254.1.2:5000".to_owned(), "169.254.2.2:5000".to_owned()],
     /// ];
-    /// let transport = ThunderboltTransport::builder().rank(0).hostfile(hostfile).build()?;
+    /// let transport = ThunderboltTransport::builder()
+    ///     .tcp(|tcp| tcp.rank(0).hostfile(hostfile))
+    ///     .build()?;
     /// # Ok::<(), rlx_transport::CollectiveError>(())
     /// ```
     pub fn builder() -> ThunderboltTransportBuilder {
@@ -216,7 +195,7 @@ impl ThunderboltTransport {
     /// Builds the transport from the launch environment: every variable of
     /// [`rlx_transport::bootstrap`] except `RLX_SOCKET_IFNAME`, with `RLX_TB_IFNAME` choosing
     /// the links when detection should not, and the TCP engine's tuning variables
-    /// (`RLX_SPIN_US`, `RLX_HEARTBEAT_MS`; see [`TcpTransportBuilder::tuning_env`]).
+    /// (`RLX_SPIN_US`, `RLX_HEARTBEAT_MS`, ...; see [`TcpTransportBuilder::tuning_env`]).
     pub fn from_env() -> Result<ThunderboltTransport> {
         let mut builder = Self::builder().launch_env(LaunchEnv::from_env()?);
         builder.tcp = builder.tcp.tuning_env()?;
@@ -265,101 +244,85 @@ impl ThunderboltTransport {
     }
 }
 
-impl Transport for ThunderboltTransport {
-    fn rank(&self) -> u32 {
-        self.inner.rank()
+/// Why a Thunderbolt world cannot grow, in the errors of its [`Admission`].
+pub(crate) const GROWING_UNSUPPORTED: &str = "growing a Thunderbolt world: the TCP admission \
+    would listen for joiners and connect the grown world on sockets that are not pinned to the \
+    Thunderbolt links (its link map was planned for the old world), and a joiner has no \
+    Thunderbolt way in (rlx_collective::join is TCP only)";
+
+/// Every method forwards to the TCP transport underneath, except [`admission`]: growing
+/// refuses with [`CollectiveError::Unsupported`] naming why (see [`GROWING_UNSUPPORTED`]),
+/// instead of growing a world whose new links leave the Thunderbolt cables.
+///
+/// [`admission`]: Transport::admission
+impl rlx_transport::Delegate for ThunderboltTransport {
+    fn inner(&self) -> &dyn Transport {
+        &self.inner
     }
 
-    fn world_size(&self) -> u32 {
-        self.inner.world_size()
+    fn admission(&self) -> Option<&dyn Admission> {
+        Some(self)
     }
+}
 
-    fn send_message(&self, to: u32, tag: Tag, parts: &[&[u8]]) -> Result<()> {
-        self.inner.send_message(to, tag, parts)
-    }
-
-    fn recv_message(&self, from: u32, tag: Tag, timeout: Duration) -> Result<Option<Vec<u8>>> {
-        self.inner.recv_message(from, tag, timeout)
-    }
-
-    fn recv_message_into(
+/// The refusal of [`GROWING_UNSUPPORTED`], at the first step `ProcessGroup::grow` takes, so
+/// that the group's rank 0 tells every member why and no rank waits for its deadline.
+impl Admission for ThunderboltTransport {
+    fn await_joiners(
         &self,
-        from: u32,
-        tag: Tag,
-        buf: &mut [u8],
-        timeout: Duration,
-    ) -> Result<Option<usize>> {
-        self.inner.recv_message_into(from, tag, buf, timeout)
+        _count: u32,
+        _timeout: Duration,
+    ) -> Result<Vec<Box<dyn PendingJoiner>>> {
+        Err(CollectiveError::unsupported(GROWING_UNSUPPORTED))
     }
 
-    fn traffic(&self) -> Option<rlx_transport::Traffic> {
-        self.inner.traffic()
+    fn plan_world(&self, _size: u32) -> Result<Vec<u8>> {
+        Err(CollectiveError::unsupported(GROWING_UNSUPPORTED))
     }
 
-    fn send_recv_into(
-        &self,
-        to: u32,
-        from: u32,
-        tag: Tag,
-        parts: &[&[u8]],
-        buf: &mut [u8],
-        timeout: Duration,
-    ) -> Result<Option<usize>> {
-        self.inner
-            .send_recv_into(to, from, tag, parts, buf, timeout)
+    fn successor(&self, _plan: &[u8], _rank: u32, _size: u32) -> Result<Arc<dyn Transport>> {
+        Err(CollectiveError::unsupported(GROWING_UNSUPPORTED))
     }
+}
 
-    fn send_failure(&self, to: u32, tag: Tag, failure: Failure) -> Result<()> {
-        self.inner.send_failure(to, tag, failure)
-    }
+// Loopback stands in for a Thunderbolt link here, as in the netns tests' `RLX_TB_IFNAME==lo`;
+// the interface is named `lo` on Linux only.
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
 
-    fn try_send_message(&self, to: u32, tag: Tag, parts: &[&[u8]], wait: Duration) -> Result<bool> {
-        self.inner.try_send_message(to, tag, parts, wait)
-    }
-
-    fn try_send_message_during(
-        &self,
-        to: u32,
-        tag: Tag,
-        parts: &[&[u8]],
-        wait: Duration,
-        meanwhile: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<bool> {
-        self.inner
-            .try_send_message_during(to, tag, parts, wait, meanwhile)
-    }
-
-    fn segment_hint(&self, members: &[u32]) -> Option<usize> {
-        self.inner.segment_hint(members)
-    }
-
-    fn try_send_failure(
-        &self,
-        to: u32,
-        tag: Tag,
-        failure: Failure,
-        wait: Duration,
-    ) -> Result<bool> {
-        self.inner.try_send_failure(to, tag, failure, wait)
-    }
-
-    fn op_timeout(&self) -> Duration {
-        self.inner.op_timeout()
-    }
-
-    fn exclude_peer(&self, peer: u32) -> Result<()> {
-        self.inner.exclude_peer(peer)
-    }
-
-    fn abort(&self) {
-        self.inner.abort();
-    }
-
-    fn native_collectives(&self) -> Option<&dyn NativeCollectives> {
-        self.inner.native_collectives()
-    }
-
-    fn barrier(&self) -> Result<()> {
-        self.inner.barrier()
+    #[test]
+    fn growing_is_refused_with_the_reason() {
+        let lo = sys::list_interfaces()
+            .unwrap()
+            .into_iter()
+            .find(|i| i.name == "lo")
+            .unwrap();
+        let transport = ThunderboltTransport::builder()
+            .links(vec![lo])
+            .tcp(|tcp| tcp.rank(0).hostfile(vec![vec!["127.0.0.1:0".to_owned()]]))
+            .build()
+            .unwrap();
+        let admission = transport.admission().expect("an admission that refuses");
+        let refusals = [
+            admission
+                .await_joiners(1, Duration::from_millis(1))
+                .map(drop),
+            admission.plan_world(2).map(drop),
+            admission.successor(&[], 0, 2).map(drop),
+        ];
+        for refusal in refusals {
+            let err = refusal.unwrap_err();
+            assert!(
+                matches!(err, CollectiveError::Unsupported { .. })
+                    && err
+                        .to_string()
+                        .contains("not pinned to the Thunderbolt links"),
+                "{err}"
+            );
+        }
+        // Everything else is the TCP transport's.
+        assert_eq!((transport.rank(), transport.world_size()), (0, 1));
+        transport.barrier().unwrap();
     }
 }

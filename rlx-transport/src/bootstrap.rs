@@ -2,7 +2,8 @@
 //! environment variables name the rank, the world size, the rendezvous and the knobs, and how an
 //! MLX-style hostfile reads.
 //!
-//! Nothing here opens a socket. [`LaunchEnv::from_env`] reads the process environment;
+//! The variables' names and their documented list live in [`env`](crate::env); this module
+//! parses them. Nothing here opens a socket. [`LaunchEnv::from_env`] reads the process environment;
 //! [`LaunchEnv::from_lookup`] takes any lookup function so every convention is testable.
 //!
 //! | what | variables, first set wins |
@@ -18,12 +19,13 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
+use crate::env;
 use crate::ifname::IfnameFilter;
 use crate::{CollectiveError, DEFAULT_OP_TIMEOUT, Result};
 
 /// Variables that may carry the rank, in the order they are consulted.
 pub const RANK_VARS: &[&str] = &[
-    "RLX_RANK",
+    env::RANK,
     "RANK",
     "MLX_RANK",
     "OMPI_COMM_WORLD_RANK",
@@ -33,7 +35,7 @@ pub const RANK_VARS: &[&str] = &[
 
 /// Variables that may carry the world size, in the order they are consulted.
 pub const WORLD_SIZE_VARS: &[&str] = &[
-    "RLX_WORLD_SIZE",
+    env::WORLD_SIZE,
     "WORLD_SIZE",
     "OMPI_COMM_WORLD_SIZE",
     "PMI_SIZE",
@@ -125,7 +127,7 @@ impl LaunchEnv {
         let rank = first_number(&get, RANK_VARS, "rank")?;
         let declared_world = first_number(&get, WORLD_SIZE_VARS, "world size")?;
 
-        let hostfile = ["RLX_HOSTFILE", "MLX_HOSTFILE"]
+        let hostfile = [env::HOSTFILE, "MLX_HOSTFILE"]
             .iter()
             .find_map(|name| get(name).map(|value| (*name, value)));
         let rendezvous = match hostfile {
@@ -145,8 +147,9 @@ impl LaunchEnv {
                 .map_err(|_| CollectiveError::config("the hostfile lists too many ranks"))?,
             (None, Rendezvous::Store { .. }) => {
                 return Err(CollectiveError::config(format!(
-                    "no world size: set one of {} (or use RLX_HOSTFILE)",
-                    WORLD_SIZE_VARS.join(", ")
+                    "no world size: set one of {} (or use {})",
+                    WORLD_SIZE_VARS.join(", "),
+                    env::HOSTFILE
                 )));
             }
         };
@@ -169,30 +172,32 @@ impl LaunchEnv {
             }
         };
 
-        let ifname = get("RLX_SOCKET_IFNAME")
+        let ifname = get(env::SOCKET_IFNAME)
             .map(|spec| IfnameFilter::parse(&spec))
             .transpose()?;
         let op_timeout = op_timeout_from(&get)?;
-        let sockets_per_peer = match parse_var::<u32>(&get, "RLX_SOCKETS_PER_PEER")? {
+        let sockets_per_peer = match parse_var::<u32>(&get, env::SOCKETS_PER_PEER)? {
             Some(0) => {
-                return Err(CollectiveError::config(
-                    "RLX_SOCKETS_PER_PEER must be at least 1",
-                ));
+                return Err(CollectiveError::config(format!(
+                    "{} must be at least 1",
+                    env::SOCKETS_PER_PEER
+                )));
             }
             other => other,
         };
-        let max_frame_bytes = match parse_var::<u64>(&get, "RLX_MAX_FRAME_BYTES")? {
+        let max_frame_bytes = match parse_var::<u64>(&get, env::MAX_FRAME_BYTES)? {
             Some(0) => {
-                return Err(CollectiveError::config(
-                    "RLX_MAX_FRAME_BYTES must be positive",
-                ));
+                return Err(CollectiveError::config(format!(
+                    "{} must be positive",
+                    env::MAX_FRAME_BYTES
+                )));
             }
             other => other,
         };
-        let job_secret = lookup("RLX_JOB_SECRET")
+        let job_secret = lookup(env::JOB_SECRET)
             .filter(|s| !s.is_empty())
             .map(String::into_bytes);
-        let job_id = get("RLX_JOB_ID").unwrap_or_else(|| rendezvous.derived_job_id());
+        let job_id = get(env::JOB_ID).unwrap_or_else(|| rendezvous.derived_job_id());
         Ok(Self {
             rank,
             world_size,
@@ -299,7 +304,7 @@ fn read_hostfile(variable: &str, value: &str) -> Result<Vec<Vec<String>>> {
 
 fn store_from(get: &impl Fn(&str) -> Option<String>) -> Result<Rendezvous> {
     for (addr_var, port_var) in [
-        ("RLX_MASTER_ADDR", "RLX_MASTER_PORT"),
+        (env::MASTER_ADDR, env::MASTER_PORT),
         ("MASTER_ADDR", "MASTER_PORT"),
     ] {
         let Some(host) = get(addr_var) else {
@@ -318,9 +323,12 @@ fn store_from(get: &impl Fn(&str) -> Option<String>) -> Result<Rendezvous> {
             port,
         });
     }
-    Err(CollectiveError::config(
-        "no rendezvous: set RLX_HOSTFILE, or RLX_MASTER_ADDR and RLX_MASTER_PORT (or torchrun's MASTER_ADDR and MASTER_PORT)",
-    ))
+    Err(CollectiveError::config(format!(
+        "no rendezvous: set {}, or {} and {} (or torchrun's MASTER_ADDR and MASTER_PORT)",
+        env::HOSTFILE,
+        env::MASTER_ADDR,
+        env::MASTER_PORT
+    )))
 }
 
 fn first_number(
@@ -360,8 +368,11 @@ pub fn parse_var<T: std::str::FromStr>(
 /// millisecond, [`DEFAULT_OP_TIMEOUT`] when it is not set. Every transport and launcher reads
 /// the variable through this, so that they agree on what they accept.
 pub fn op_timeout_from(get: &impl Fn(&str) -> Option<String>) -> Result<Duration> {
-    match parse_var::<u64>(get, "RLX_TIMEOUT_MS")? {
-        Some(0) => Err(CollectiveError::config("RLX_TIMEOUT_MS must be positive")),
+    match parse_var::<u64>(get, env::TIMEOUT_MS)? {
+        Some(0) => Err(CollectiveError::config(format!(
+            "{} must be positive",
+            env::TIMEOUT_MS
+        ))),
         Some(ms) => Ok(Duration::from_millis(ms)),
         None => Ok(DEFAULT_OP_TIMEOUT),
     }

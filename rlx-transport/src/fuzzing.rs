@@ -88,7 +88,7 @@ pub fn write_seeds(corpus: &Path, seeds: &[Seed]) -> std::io::Result<()> {
 /// its bytes, so that a changed encoder cannot leave the replayed corpus behind; with
 /// `RLX_WRITE_FUZZ_SEEDS=1` in the environment it rewrites them instead.
 pub fn check_or_write_seeds(corpus: &Path, seeds: &[Seed]) -> Result<(), String> {
-    if std::env::var_os("RLX_WRITE_FUZZ_SEEDS").is_some_and(|v| v == "1") {
+    if std::env::var_os(crate::env::WRITE_FUZZ_SEEDS).is_some_and(|v| v == "1") {
         return write_seeds(corpus, seeds).map_err(|e| format!("writing the seeds: {e}"));
     }
     let stale: Vec<String> = seeds

@@ -9,6 +9,10 @@
 //! - [`MemTransport`]: ranks as threads of one process, built on the shared [`Inbox`].
 //! - [`SymmetricTransport`] (module [`symmetric`]): one-sided put/get/atomics on a symmetric
 //!   heap, provided for any transport by [`Symmetric`].
+//! - [`Delegate`]: how a transport that wraps another forwards every [`Transport`] method to
+//!   it, overriding only what it changes.
+//! - [`env`]: the `RLX_*` environment variables this crate reads, and [`env::Variable`], the
+//!   shape of every crate's documented list of variables.
 //! - [`blocked_send`]: the hook through which the layers above keep their duties (answering
 //!   wait probes) while a send of theirs waits inside a transport on a peer that does not read.
 //!
@@ -33,8 +37,10 @@
 pub mod admission;
 pub mod blocked_send;
 pub mod bootstrap;
+mod delegate;
 mod dtype;
 mod element;
+pub mod env;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -50,6 +56,7 @@ mod transport;
 
 pub use admission::{Admission, PendingJoiner};
 pub use bootstrap::{LaunchEnv, Rendezvous};
+pub use delegate::Delegate;
 pub use dtype::{DType, ReduceKind, negotiate_reduce_dtype};
 pub use element::Element;
 pub use error::{CollectiveError, FatalCause, Result};

@@ -82,6 +82,9 @@ impl std::fmt::Debug for Hooked {
     }
 }
 
+// Not a `Delegate`: the hooks must see every send, and the trait's provided methods route
+// every send (`send_recv_into`, `try_send_*`) through `send_message` and `send_failure`,
+// which forwarding would bypass. What the group needs beyond sends is forwarded below.
 impl Transport for Hooked {
     fn rank(&self) -> u32 {
         self.inner.rank()
