@@ -17,7 +17,7 @@
 //! All integers are little-endian `u64`s. A message travels as one frame, or, striped over
 //! several links, as one frame per link covering disjoint ranges; the frame at offset 0 always
 //! travels on link 0, so link 0 sees every message in send order. A message between two ranks
-//! of one host may instead travel as one [`FrameKind::Pull`] frame on link 0, whose bytes on
+//! of one host may instead travel as one [`FrameKind::SingleCopy`] frame on link 0, whose bytes on
 //! the wire say where the receiver reads the message in the sender's memory.
 
 use rlx_transport::{CollectiveError, FAILURE_WIRE_LEN, Tag};
@@ -45,7 +45,7 @@ pub(crate) enum FrameKind {
     /// A whole message the receiver reads from the sender's memory (same host, see
     /// `progress/single_copy.rs`): `total` and `len` are the message's length, offset 0, and
     /// the frame's bytes on the wire are a fixed-size descriptor of where the message lies.
-    Pull = 5,
+    SingleCopy = 5,
     /// An offer to be read by the single-copy path: the sender's process id and where its
     /// nonce and its `accepted` word lie (`progress/single_copy.rs`). A fixed-size payload,
     /// no seq of its own; the first frame of link 0 between ranks of one host.
@@ -111,7 +111,7 @@ impl FrameHeader {
             2 => FrameKind::Failure,
             3 => FrameKind::Close,
             4 => FrameKind::Beat,
-            5 => FrameKind::Pull,
+            5 => FrameKind::SingleCopy,
             6 => FrameKind::Offer,
             7 => FrameKind::Lane,
             other => return Err(bad(format!("unknown frame kind {other}"))),
@@ -173,7 +173,7 @@ impl FrameHeader {
                     )));
                 }
             }
-            FrameKind::Pull => {
+            FrameKind::SingleCopy => {
                 if header.total == 0 || header.offset != 0 || header.len != header.total {
                     return Err(bad(format!(
                         "single-copy frame covering {}+{} of a message of {} bytes (it must cover a whole, non-empty one)",
@@ -252,7 +252,7 @@ mod tests {
         assert_eq!(FrameHeader::decode(1, &c.encode(), CAP).unwrap(), c);
         let b = FrameHeader::whole(FrameKind::Beat, Tag::from_raw(0), 0, 0);
         assert_eq!(FrameHeader::decode(1, &b.encode(), CAP).unwrap(), b);
-        let p = FrameHeader::whole(FrameKind::Pull, Tag::op(1, 2, 0), 5, CAP);
+        let p = FrameHeader::whole(FrameKind::SingleCopy, Tag::op(1, 2, 0), 5, CAP);
         assert_eq!(FrameHeader::decode(1, &p.encode(), CAP).unwrap(), p);
         let o = FrameHeader::whole(FrameKind::Offer, Tag::from_raw(0), 0, OFFER_LEN as u64);
         assert_eq!(FrameHeader::decode(1, &o.encode(), CAP).unwrap(), o);
@@ -308,7 +308,7 @@ mod tests {
         refused(FrameHeader::whole(FrameKind::Beat, Tag::from_raw(0), 0, 1).encode());
         refused(FrameHeader::whole(FrameKind::Lane, Tag::from_raw(0), 0, 1).encode());
         let partial_pull = FrameHeader {
-            kind: FrameKind::Pull,
+            kind: FrameKind::SingleCopy,
             offset: 0,
             len: 4,
             ..overflow

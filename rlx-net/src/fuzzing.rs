@@ -149,7 +149,7 @@ pub fn frame_header(data: &[u8]) -> Verdict {
             header.total == OFFER_LEN as u64 && header.len == header.total,
             || format!("single-copy offer {header:?}"),
         ),
-        FrameKind::Pull => check(
+        FrameKind::SingleCopy => check(
             header.total > 0 && header.offset == 0 && header.len == header.total,
             || format!("single-copy frame {header:?}"),
         ),
@@ -453,7 +453,7 @@ pub fn seeds() -> Vec<Seed> {
     add("frame_header", "failure", failure.encode().to_vec());
     let close = FrameHeader::whole(FrameKind::Close, Tag::from_raw(0), 0, 0);
     add("frame_header", "close", close.encode().to_vec());
-    let pull = FrameHeader::whole(FrameKind::Pull, Tag::op(1, 7, 0), 2, 1 << 20);
+    let pull = FrameHeader::whole(FrameKind::SingleCopy, Tag::op(1, 7, 0), 2, 1 << 20);
     add("frame_header", "single-copy", pull.encode().to_vec());
     let offer = FrameHeader::whole(FrameKind::Offer, Tag::from_raw(0), 0, OFFER_LEN as u64);
     add("frame_header", "single-copy-offer", offer.encode().to_vec());

@@ -421,7 +421,7 @@ impl State {
         let budget = self.budget;
         // A pulled message is read whole by one thread, whatever the number of links.
         let stripes = match header.kind {
-            FrameKind::Pull => Striping::new(total, 1, u64::MAX),
+            FrameKind::SingleCopy => Striping::new(total, 1, u64::MAX),
             _ => Striping::new(total, self.links, self.min_striped),
         };
         if stripes.range(0) != (header.offset, header.len) {
@@ -477,7 +477,7 @@ impl State {
             }
             None => {
                 peer.held_pull = held;
-                if header.kind == FrameKind::Pull
+                if header.kind == FrameKind::SingleCopy
                     && peer.holds_pull(seq, total, Instant::now(), longest_hold)
                 {
                     return Ok(Landing::Park);

@@ -20,7 +20,7 @@ use crate::sync::lock;
 
 use super::Engine;
 use super::hook::ProgressHook;
-use super::link::{Link, Own, PeerIo};
+use super::link::{Link, OwnReceive, PeerIo};
 use super::reader::Service;
 use super::socket::{POLL_FDS, poll, pollfd};
 use super::writer::WhileSending;
@@ -32,7 +32,7 @@ const EXCHANGE_WAIT: Duration = Duration::from_millis(1);
 /// The receive half of an exchange while its send is being written: the send's progress hook.
 pub(super) struct ExchangeRecv<'a> {
     from: u32,
-    own: Own<'a>,
+    own: OwnReceive<'a>,
     /// This thread holds the reader role of every link to `from` for `own.id`.
     holds: bool,
     /// The receive finished (or its peer was lost) during the send.
@@ -84,7 +84,7 @@ impl Engine {
         drop(st);
         let mut receive = ExchangeRecv {
             from,
-            own: Own { id, buf: Some(buf) },
+            own: OwnReceive { id, buf: Some(buf) },
             holds,
             done: false,
         };

@@ -14,7 +14,7 @@ use crate::frame::{FrameHeader, HEADER_LEN};
 use crate::matching::PostId;
 use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering, lock};
 
-use super::same_host::Bounce;
+use super::same_host::BounceFile;
 use super::same_host::{LaneIn, LaneOut};
 use super::socket::{poll, pollfd, read_some, send_vectored, with_frame_slices};
 
@@ -45,7 +45,7 @@ pub(super) struct RawDest(pub(super) *mut u8);
 unsafe impl Send for RawDest {}
 
 /// The receiving thread's own posted receive, while it reads.
-pub(super) struct Own<'a> {
+pub(super) struct OwnReceive<'a> {
     pub(super) id: PostId,
     pub(super) buf: Option<&'a mut [u8]>,
 }
@@ -62,7 +62,7 @@ pub(super) fn on_link_zero(from: u32, k: usize, what: &str) -> Result<(), Lost> 
 }
 
 #[derive(Clone, Copy, Debug)]
-pub(super) enum Land {
+pub(super) enum Destination {
     Caller,
     Owned(RawDest),
     Discard,
@@ -71,7 +71,7 @@ pub(super) enum Land {
 #[derive(Debug)]
 pub(super) struct Payload {
     pub(super) seq: u64,
-    pub(super) land: Land,
+    pub(super) land: Destination,
     /// Offset of the next byte inside the message.
     pub(super) at: u64,
     pub(super) remaining: u64,
@@ -286,7 +286,7 @@ impl Link {
 pub(super) struct TxState {
     pub(super) next_seq: u64,
     /// The bounce file of messages to this peer (`bounce.rs`), made at the first one.
-    pub(super) bounce: Option<Bounce>,
+    pub(super) bounce: Option<BounceFile>,
     /// The lane to this peer (`lane.rs`), made with the offer.
     pub(super) lane: Option<LaneOut>,
 }

@@ -12,7 +12,7 @@ use crate::matching::{Landing, PostId};
 use crate::sync::lock;
 
 use super::Engine;
-use super::link::{Land, Link, LinkRx, Own, Payload, RawDest, on_link_zero};
+use super::link::{Destination, Link, LinkRx, OwnReceive, Payload, RawDest, on_link_zero};
 use super::same_host::{DESCRIPTOR_LEN, descriptor};
 
 /// Payloads at least this long (with nothing staged) are read straight into their destination.
@@ -48,12 +48,12 @@ enum PayloadStep {
 }
 
 /// Where the matching state says a frame's bytes go; `None` when the frame must wait (park).
-fn land_of(landing: Landing) -> Option<Land> {
+fn destination_of(landing: Landing) -> Option<Destination> {
     match landing {
         Landing::Park => None,
-        Landing::Caller => Some(Land::Caller),
-        Landing::Owned(ptr) => Some(Land::Owned(RawDest(ptr))),
-        Landing::Discard => Some(Land::Discard),
+        Landing::Caller => Some(Destination::Caller),
+        Landing::Owned(ptr) => Some(Destination::Owned(RawDest(ptr))),
+        Landing::Discard => Some(Destination::Discard),
     }
 }
 
@@ -63,7 +63,7 @@ fn body_len(kind: FrameKind) -> usize {
     match kind {
         FrameKind::Failure => FAILURE_WIRE_LEN,
         FrameKind::Offer => OFFER_LEN,
-        FrameKind::Pull => DESCRIPTOR_LEN,
+        FrameKind::SingleCopy => DESCRIPTOR_LEN,
         FrameKind::Data | FrameKind::Beat | FrameKind::Close | FrameKind::Lane => 0,
     }
 }
@@ -90,7 +90,7 @@ impl Engine {
         k: usize,
         link: &Link,
         rx: &mut LinkRx,
-        mut own: Option<&mut Own<'_>>,
+        mut own: Option<&mut OwnReceive<'_>>,
     ) -> Result<Service, Lost> {
         loop {
             let next = match rx.header {
@@ -131,7 +131,7 @@ impl Engine {
         link: &Link,
         rx: &mut LinkRx,
         header: FrameHeader,
-        own: Option<&mut Own<'_>>,
+        own: Option<&mut OwnReceive<'_>>,
     ) -> Result<Next, Lost> {
         match self.stage(from, link, rx, body_len(header.kind))? {
             Staged::Ready => {}
@@ -154,7 +154,7 @@ impl Engine {
             }
             FrameKind::Failure => self.on_failure_frame(from, k, rx, &header, own_id),
             FrameKind::Data => self.on_data_frame(from, k, rx, &header, own_id),
-            FrameKind::Pull => self.on_single_copy_frame(from, k, rx, &header, own),
+            FrameKind::SingleCopy => self.on_single_copy_frame(from, k, rx, &header, own),
             FrameKind::Offer | FrameKind::Lane => {
                 self.on_same_host_control(from, k, link, rx, &header)?;
                 Ok(Next::Again)
@@ -211,7 +211,7 @@ impl Engine {
             st.on_stripe(from, k, header, own_id)
         }
         .map_err(protocol_lost)?;
-        let Some(land) = land_of(landing) else {
+        let Some(land) = destination_of(landing) else {
             st.peers[from as usize].links[k].parked = true;
             return Ok(Next::Done(Service::Parked));
         };
@@ -245,17 +245,17 @@ impl Engine {
         k: usize,
         rx: &mut LinkRx,
         header: &FrameHeader,
-        own: Option<&mut Own<'_>>,
+        own: Option<&mut OwnReceive<'_>>,
     ) -> Result<Next, Lost> {
         on_link_zero(from, k, "single-copy frame")?;
         let own_id = own.as_ref().map(|o| o.id);
         let desc = descriptor(from, &rx.staging[rx.start..], header.total)?;
-        let pid = self.pull_source(from)?;
+        let pid = self.single_copy_source(from)?;
         let mut st = lock(&self.hub.state);
         let landing = st
             .on_first_frame(from, header, own_id)
             .map_err(protocol_lost)?;
-        let Some(land) = land_of(landing) else {
+        let Some(land) = destination_of(landing) else {
             st.peers[from as usize].links[k].parked = true;
             return Ok(Next::Done(Service::Parked));
         };
@@ -263,7 +263,7 @@ impl Engine {
         drop(st);
         rx.start += DESCRIPTOR_LEN;
         rx.header = None;
-        self.take_pulled(from, pid, header, &desc, land, own)?;
+        self.take_single_copy(from, pid, header, &desc, land, own)?;
         Ok(Next::Done(
             if self.account(from, header.seq, header.total, own_id)? {
                 Service::OwnDone
@@ -279,7 +279,7 @@ impl Engine {
         from: u32,
         link: &Link,
         rx: &mut LinkRx,
-        own: Option<&mut Own<'_>>,
+        own: Option<&mut OwnReceive<'_>>,
     ) -> Result<Next, Lost> {
         let own_id = own.as_ref().map(|o| o.id);
         let Some(payload) = rx.payload.as_mut() else {
@@ -326,7 +326,7 @@ impl Engine {
         staging: &mut [u8],
         start: &mut usize,
         end: usize,
-        own: Option<&mut Own<'_>>,
+        own: Option<&mut OwnReceive<'_>>,
     ) -> Result<PayloadStep, Lost> {
         let staged = end - *start;
         let want = payload.remaining.min(usize::MAX as u64) as usize;
@@ -335,11 +335,11 @@ impl Engine {
             let n = staged.min(want);
             let src = &staging[*start..*start + n];
             match payload.land {
-                Land::Caller => match own.and_then(|o| o.buf.as_deref_mut()) {
+                Destination::Caller => match own.and_then(|o| o.buf.as_deref_mut()) {
                     Some(buf) => buf[at..at + n].copy_from_slice(src),
                     None => return Err(internal_lost(from)),
                 },
-                Land::Owned(dest) => {
+                Destination::Owned(dest) => {
                     // SAFETY: see `RawDest`: `at + n` lies inside the message (checked when
                     // the frame header was decoded and matched) and this link alone writes
                     // this stripe's range while the message is arriving.
@@ -347,23 +347,25 @@ impl Engine {
                         std::ptr::copy_nonoverlapping(src.as_ptr(), dest.0.add(at), n);
                     }
                 }
-                Land::Discard => {}
+                Destination::Discard => {}
             }
             *start += n;
             n
-        } else if payload.remaining >= DIRECT_READ_MIN && !matches!(payload.land, Land::Discard) {
+        } else if payload.remaining >= DIRECT_READ_MIN
+            && !matches!(payload.land, Destination::Discard)
+        {
             let result = match payload.land {
-                Land::Caller => match own.and_then(|o| o.buf.as_deref_mut()) {
+                Destination::Caller => match own.and_then(|o| o.buf.as_deref_mut()) {
                     Some(buf) => link.read(&mut buf[at..at + want]),
                     None => return Err(internal_lost(from)),
                 },
-                Land::Owned(dest) => {
+                Destination::Owned(dest) => {
                     // SAFETY: as above; the slice covers exactly the unwritten rest of this
                     // link's stripe, which nothing else reads or writes meanwhile.
                     let slice = unsafe { std::slice::from_raw_parts_mut(dest.0.add(at), want) };
                     link.read(slice)
                 }
-                Land::Discard => Ok(0),
+                Destination::Discard => Ok(0),
             };
             match result {
                 Ok(0) => return Err(self.lost_eof(from)),
@@ -376,7 +378,7 @@ impl Engine {
         };
         payload.at += n as u64;
         payload.remaining -= n as u64;
-        let owned = matches!(payload.land, Land::Owned(_));
+        let owned = matches!(payload.land, Destination::Owned(_));
         self.traffic.received(n as u64, owned);
         Ok(PayloadStep::Moved(n))
     }

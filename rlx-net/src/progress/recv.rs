@@ -14,7 +14,7 @@ use crate::sync::{Ordering, lock};
 
 use super::Engine;
 use super::hub::{DriveEnd, Hub, Links};
-use super::link::{Land, Link, Own, PeerIo, RawDest};
+use super::link::{Destination, Link, OwnReceive, PeerIo, RawDest};
 use super::reader::Service;
 use super::socket::{POLL_FDS, WakeWrite, poll, pollfd};
 
@@ -67,7 +67,7 @@ impl Links for Engine {
         let Some(Some(io)) = self.peers.get(from as usize) else {
             return DriveEnd::Stalled;
         };
-        let mut own = Own {
+        let mut own = OwnReceive {
             id,
             buf: buf.as_deref_mut(),
         };
@@ -188,7 +188,7 @@ impl Engine {
         &self,
         from: u32,
         io: &PeerIo,
-        own: &mut Own<'_>,
+        own: &mut OwnReceive<'_>,
     ) -> Option<Outcome> {
         let withdrawn = lock(&self.hub.state).withdraw(from, own.id, own.buf.as_deref());
         match withdrawn {
@@ -198,8 +198,8 @@ impl Engine {
                 for link in &io.links {
                     let mut rx = link.rx();
                     if let Some(p) = rx.payload.as_mut() {
-                        if p.seq == seq && matches!(p.land, Land::Caller) {
-                            p.land = Land::Owned(RawDest(base));
+                        if p.seq == seq && matches!(p.land, Destination::Caller) {
+                            p.land = Destination::Owned(RawDest(base));
                         }
                     }
                 }

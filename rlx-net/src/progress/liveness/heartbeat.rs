@@ -65,7 +65,7 @@ struct PeerPulse {
 
 /// One peer's standing in the matching state, as a round of the monitor found it.
 #[derive(Clone, Copy, Debug)]
-struct Standing {
+struct PeerStanding {
     lost: bool,
     /// A link of the peer is parked: this side stopped reading it.
     parked: bool,
@@ -128,11 +128,11 @@ impl Pulse {
         }
         // Which peers are already lost, which have a link this side stopped reading, and which
         // hold the unexpected budget.
-        let standing: Vec<Standing> = {
+        let standing: Vec<PeerStanding> = {
             let st = lock(&engine.hub.state);
             st.peers
                 .iter()
-                .map(|p| Standing {
+                .map(|p| PeerStanding {
                     lost: p.lost.is_some(),
                     parked: p.links.iter().any(|l| l.parked),
                     held: p.held_back(),
@@ -140,7 +140,7 @@ impl Pulse {
                 .collect()
         };
         for (rank, (pulse, standing)) in self.peers.iter_mut().zip(&standing).enumerate() {
-            let Standing { lost, parked, held } = *standing;
+            let PeerStanding { lost, parked, held } = *standing;
             let Some(Some(io)) = engine.peers.get(rank) else {
                 continue;
             };

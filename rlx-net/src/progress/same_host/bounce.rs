@@ -1,4 +1,4 @@
-//! Bounced copies: the head of a pulled message passes through a shared-memory file of the
+//! BouncedHead copies: the head of a pulled message passes through a shared-memory file of the
 //! sender's, copied in by the sender and out by the receiver at the same time, instead of being
 //! read across processes by the receiver alone.
 //!
@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use crate::error::Lost;
 use crate::frame::FrameHeader;
 
-use super::descriptor::{Bounced, Descriptor};
+use super::descriptor::{BouncedHead, Descriptor};
 use super::sys::cross_memory;
 use super::sys::shared_memory::{self, SharedMap};
 use crate::progress::Engine;
@@ -107,23 +107,23 @@ fn id_word(map: &SharedMap) -> &AtomicU64 {
 
 /// A sender's bounce file for one peer, kept under that peer's send lock.
 #[derive(Debug)]
-pub(crate) struct Bounce {
+pub(crate) struct BounceFile {
     fd: OwnedFd,
     map: SharedMap,
     id: u64,
 }
 
-impl Bounce {
+impl BounceFile {
     /// The bounce file in `slot`, made or grown to hold `len` bytes of data; `None` (and the
     /// message goes unbounced) when the system refuses.
-    fn ready(slot: &mut Option<Bounce>, len: usize) -> Option<&Bounce> {
+    fn ready(slot: &mut Option<BounceFile>, len: usize) -> Option<&BounceFile> {
         let need = HEADER + len;
         let fits = slot.as_ref().is_some_and(|s| s.map.len() >= need);
         if !fits {
             let made = match slot.take() {
                 Some(old) => shared_memory::grow(&old.fd, need)
                     .and_then(|()| shared_memory::map(&old.fd, need))
-                    .map(|map| Bounce { map, ..old }),
+                    .map(|map| BounceFile { map, ..old }),
                 None => Self::create(need),
             };
             match made {
@@ -137,7 +137,7 @@ impl Bounce {
         slot.as_ref()
     }
 
-    fn create(len: usize) -> std::io::Result<Bounce> {
+    fn create(len: usize) -> std::io::Result<BounceFile> {
         let fd = shared_memory::create(len)?;
         let map = shared_memory::map(&fd, len)?;
         let mut id = [0u8; 8];
@@ -145,13 +145,13 @@ impl Bounce {
         // Never zero, so that a zeroed file is never taken for this one.
         let id = u64::from_ne_bytes(id) | 1;
         id_word(&map).store(id, Ordering::SeqCst);
-        Ok(Bounce { fd, map, id })
+        Ok(BounceFile { fd, map, id })
     }
 }
 
 /// A receiver's mapping of one peer's bounce file.
 #[derive(Debug)]
-pub(crate) struct BounceView {
+pub(crate) struct PeerBounceFile {
     fd: u64,
     id: u64,
     map: SharedMap,
@@ -163,27 +163,27 @@ impl Engine {
     pub(in crate::progress) fn prepare_bounce(
         &self,
         to: u32,
-        slot: &mut Option<Bounce>,
+        slot: &mut Option<BounceFile>,
         seq: u64,
         total: u64,
         exchange: bool,
-    ) -> Bounced {
+    ) -> BouncedHead {
         let cap = match exchange {
             true => self.cfg.max_bounced.min(EXCHANGE_BOUNCE),
             false => self.cfg.max_bounced,
         };
         let len = total.min(cap);
         if len == 0 || !shared_memory::SUPPORTED || !self.bounces_to(to) {
-            return Bounced::default();
+            return BouncedHead::default();
         }
         let Some(bounce) = usize::try_from(len)
             .ok()
-            .and_then(|len| Bounce::ready(slot, len))
+            .and_then(|len| BounceFile::ready(slot, len))
         else {
-            return Bounced::default();
+            return BouncedHead::default();
         };
         filled(&bounce.map).store(filled_word(seq + 1, 0), Ordering::SeqCst);
-        Bounced {
+        BouncedHead {
             fd: bounce.fd.as_raw_fd() as u64,
             id: bounce.id,
             len,
@@ -194,10 +194,10 @@ impl Engine {
     /// publishing each chunk in `filled` as it lands.
     pub(in crate::progress) fn bounce_in(
         &self,
-        slot: &Option<Bounce>,
+        slot: &Option<BounceFile>,
         seq: u64,
         parts: &[&[u8]],
-        bounced: Bounced,
+        bounced: BouncedHead,
     ) {
         let Some(bounce) = slot.as_ref() else {
             return;
@@ -237,7 +237,7 @@ impl Engine {
     /// Reads pulled message `header.seq` of rank `from` (process `pid`) into `dest`: its
     /// bounced head out of the sender's file and the rest across processes, or all of it across
     /// processes when nothing is bounced or the file cannot be mapped.
-    pub(in crate::progress) fn read_pulled(
+    pub(in crate::progress) fn read_single_copy(
         &self,
         from: u32,
         pid: u32,
@@ -247,7 +247,7 @@ impl Engine {
     ) -> Result<(), Lost> {
         let ranges = &desc.parts[..desc.count];
         let bounced = desc.bounced;
-        let failed = |what: &str, e: std::io::Error| self.pull_failed(from, pid, what, e);
+        let failed = |what: &str, e: std::io::Error| self.single_copy_failed(from, pid, what, e);
         let whole = |dest: &mut [u8]| {
             cross_memory::read_from(pid, ranges, dest).map_err(|e| {
                 failed(
@@ -294,7 +294,7 @@ impl Engine {
         pid: u32,
         header: &FrameHeader,
         desc: &Descriptor,
-        view: &BounceView,
+        view: &PeerBounceFile,
         dest: &mut [u8],
     ) -> Result<(), Lost> {
         let ticket = header.seq + 1;
@@ -315,7 +315,7 @@ impl Engine {
                 0
             };
             if ready > copied {
-                // SAFETY: `read_pulled` checked that the mapping holds `HEADER + dest.len()`
+                // SAFETY: `read_single_copy` checked that the mapping holds `HEADER + dest.len()`
                 // bytes, and `ready <= dest.len()`; `dest` is this thread's. A sender that
                 // follows the protocol writes no byte below `filled` of this ticket; one that
                 // does not can only change which bytes are copied, never where they go.
@@ -377,7 +377,7 @@ impl Engine {
 }
 
 /// Maps the bounce file `bounced` names in process `pid`, checking its size and id.
-fn open_view(pid: u32, bounced: Bounced) -> std::io::Result<BounceView> {
+fn open_view(pid: u32, bounced: BouncedHead) -> std::io::Result<PeerBounceFile> {
     let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned());
     let (fd, len) = shared_memory::open_peer_file(pid, bounced.fd)?;
     if (len as u64) < HEADER as u64 + bounced.len || len as u64 > LARGEST_VIEW {
@@ -387,7 +387,7 @@ fn open_view(pid: u32, bounced: Bounced) -> std::io::Result<BounceView> {
     if id_word(&map).load(Ordering::SeqCst) != bounced.id {
         return Err(bad("the bounce file's id is not the one named"));
     }
-    Ok(BounceView {
+    Ok(PeerBounceFile {
         fd: bounced.fd,
         id: bounced.id,
         map,
@@ -402,11 +402,11 @@ mod tests {
     fn a_receiver_maps_only_the_file_named_and_large_enough() {
         let mut slot = None;
         let (fd, id) = {
-            let bounce = Bounce::ready(&mut slot, 1 << 20).expect("a bounce file");
+            let bounce = BounceFile::ready(&mut slot, 1 << 20).expect("a bounce file");
             (bounce.fd.as_raw_fd() as u64, bounce.id)
         };
         let pid = std::process::id();
-        let named = Bounced {
+        let named = BouncedHead {
             fd,
             id,
             len: 1 << 20,
@@ -416,7 +416,7 @@ mod tests {
         assert!(
             open_view(
                 pid,
-                Bounced {
+                BouncedHead {
                     id: id ^ 2,
                     ..named
                 }
@@ -426,7 +426,7 @@ mod tests {
         assert!(
             open_view(
                 pid,
-                Bounced {
+                BouncedHead {
                     len: 2 << 20,
                     ..named
                 }
@@ -434,11 +434,11 @@ mod tests {
             .is_err()
         );
         // Grown for a larger head, the file keeps its id, and a fresh view sees it all.
-        let grown = Bounce::ready(&mut slot, 3 << 20).expect("grown");
+        let grown = BounceFile::ready(&mut slot, 3 << 20).expect("grown");
         assert_eq!((grown.fd.as_raw_fd() as u64, grown.id), (fd, id));
         let larger = open_view(
             pid,
-            Bounced {
+            BouncedHead {
                 len: 3 << 20,
                 ..named
             },

@@ -26,7 +26,7 @@ pub(crate) struct Descriptor {
     /// How many entries of `parts` are used.
     pub(crate) count: usize,
     /// The message's head, bounced through the sender's shared-memory file (`bounce.rs`).
-    pub(crate) bounced: Bounced,
+    pub(crate) bounced: BouncedHead,
 }
 
 impl Descriptor {
@@ -87,12 +87,12 @@ impl Descriptor {
                 "single-copy descriptor covers {sum} bytes of a message of {total}"
             )));
         }
-        let bounced = Bounced {
+        let bounced = BouncedHead {
             fd: word(24),
             id: word(32),
             len: word(40),
         };
-        if bounced.len > total || (bounced.len == 0 && bounced != Bounced::default()) {
+        if bounced.len > total || (bounced.len == 0 && bounced != BouncedHead::default()) {
             return Err(bad(format!(
                 "single-copy descriptor bounces {} bytes of a message of {total} (file {}, id {:#x})",
                 bounced.len, bounced.fd, bounced.id
@@ -113,7 +113,7 @@ const PARTS_AT: usize = 48;
 
 /// What a descriptor says about the bounced head of its message.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Bounced {
+pub(crate) struct BouncedHead {
     /// The sender's descriptor number of its bounce file.
     pub(crate) fd: u64,
     /// The file's id (in its second word).
@@ -144,7 +144,7 @@ mod tests {
             taken: 0x1008,
             parts: [(0x7000, 100), (0x9000, 28), (0, 0), (0, 0)],
             count: 2,
-            bounced: Bounced {
+            bounced: BouncedHead {
                 fd: 9,
                 id: 0x55,
                 len: 100,

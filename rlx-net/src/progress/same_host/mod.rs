@@ -30,7 +30,7 @@ mod offer;
 mod single_copy;
 mod sys;
 
-pub(in crate::progress) use bounce::Bounce;
+pub(in crate::progress) use bounce::BounceFile;
 pub(crate) use bounce::DEFAULT_MAX_BOUNCED;
 pub(in crate::progress) use descriptor::{DESCRIPTOR_LEN, descriptor};
 pub(crate) use lane::DEFAULT_LANE_BYTES;

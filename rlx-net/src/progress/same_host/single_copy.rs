@@ -11,7 +11,7 @@
 //! that took this rank's offer (below):
 //! 1. The sender, holding the peer's send lock for the whole message, stores the message's
 //!    ticket (its sequence number plus one) in its `offered` word and writes a
-//!    [`FrameKind::Pull`] frame on link 0: a header whose lengths are the message's, followed by
+//!    [`FrameKind::SingleCopy`] frame on link 0: a header whose lengths are the message's, followed by
 //!    a [`Descriptor`] of where the message's parts lie in its memory and where its `offered`
 //!    and `taken` words are. The link carries nothing else until the message is done, so the
 //!    frame keeps its place in the message order.
@@ -49,7 +49,7 @@
 //! through the kernel, which no model can follow.
 //!
 //! [`EngineConfig::min_single_copy`]: crate::progress::EngineConfig::min_single_copy
-//! [`FrameKind::Pull`]: crate::frame::FrameKind::Pull
+//! [`FrameKind::SingleCopy`]: crate::frame::FrameKind::SingleCopy
 //! [`FrameKind::Offer`]: crate::frame::FrameKind::Offer
 
 use crate::sync::{Mutex, MutexGuard, lock};
@@ -62,12 +62,12 @@ use rlx_transport::{CollectiveError, blocked_send};
 use crate::error::Lost;
 use crate::frame::FrameHeader;
 
-use super::bounce::BounceView;
-use super::descriptor::{Bounced, DESCRIPTOR_LEN, Descriptor, MAX_PARTS};
+use super::bounce::PeerBounceFile;
+use super::descriptor::{BouncedHead, DESCRIPTOR_LEN, Descriptor, MAX_PARTS};
 use super::sys::cross_memory;
 use crate::progress::Engine;
 use crate::progress::hook::ProgressHook;
-use crate::progress::link::{Land, Own, PeerIo, TxState};
+use crate::progress::link::{Destination, OwnReceive, PeerIo, TxState};
 use crate::progress::socket::{poll, pollfd};
 
 /// Default of [`EngineConfig::min_single_copy`](super::EngineConfig::min_single_copy): below
@@ -96,7 +96,7 @@ pub(in crate::progress) enum Carriage {
     /// `bounced` through the bounce file (`bounce.rs`).
     SingleCopy {
         descriptor: [u8; DESCRIPTOR_LEN],
-        bounced: Bounced,
+        bounced: BouncedHead,
     },
 }
 
@@ -134,7 +134,7 @@ pub(crate) struct SingleCopy {
     here: Box<[bool]>,
     /// Indexed by rank: this rank's mapping of the peer's bounce file, used by whoever reads
     /// the peer's pulled messages.
-    views: Box<[Mutex<Option<BounceView>>]>,
+    views: Box<[Mutex<Option<PeerBounceFile>>]>,
 }
 
 impl SingleCopy {
@@ -167,7 +167,7 @@ impl SingleCopy {
     pub(in crate::progress) fn view(
         &self,
         rank: u32,
-    ) -> Option<MutexGuard<'_, Option<BounceView>>> {
+    ) -> Option<MutexGuard<'_, Option<PeerBounceFile>>> {
         self.views.get(rank as usize).map(|v| lock(v))
     }
 
@@ -198,7 +198,7 @@ impl Engine {
         exchange: bool,
     ) -> Carriage {
         let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
-        if !self.pulls_to(to, total, parts.len()) {
+        if !self.sends_single_copy_to(to, total, parts.len()) {
             return Carriage::Stream;
         }
         let bounced = self.prepare_bounce(to, &mut tx.bounce, seq, total, exchange);
@@ -209,7 +209,7 @@ impl Engine {
     }
 
     /// Whether a message of `total` bytes in `parts` to `to` goes by pull.
-    fn pulls_to(&self, to: u32, total: u64, parts: usize) -> bool {
+    fn sends_single_copy_to(&self, to: u32, total: u64, parts: usize) -> bool {
         total >= self.cfg.min_single_copy
             && parts <= MAX_PARTS
             && self
@@ -220,7 +220,13 @@ impl Engine {
 
     /// Publishes message `seq` to `to` as offered, with its head `bounced`, and returns its
     /// descriptor.
-    fn offer(&self, to: u32, seq: u64, parts: &[&[u8]], bounced: Bounced) -> [u8; DESCRIPTOR_LEN] {
+    fn offer(
+        &self,
+        to: u32,
+        seq: u64,
+        parts: &[&[u8]],
+        bounced: BouncedHead,
+    ) -> [u8; DESCRIPTOR_LEN] {
         let mut desc = Descriptor {
             offered: 0,
             taken: 0,
@@ -329,7 +335,7 @@ impl Engine {
     /// The process a single-copy frame from `from` is read from: the one whose offer this rank
     /// took. A peer that sends one without such an offer breaks the protocol, and is refused
     /// before anything is allocated or read for it.
-    pub(in crate::progress) fn pull_source(&self, from: u32) -> Result<u32, Lost> {
+    pub(in crate::progress) fn single_copy_source(&self, from: u32) -> Result<u32, Lost> {
         let pid = self
             .single_copy
             .peer(from)
@@ -351,42 +357,42 @@ impl Engine {
     /// Reads pulled message `seq` of `header.total` bytes from process `pid` (rank `from`)
     /// into its destination, checks that the sender still offers it, and tells the sender it
     /// was taken.
-    pub(in crate::progress) fn take_pulled(
+    pub(in crate::progress) fn take_single_copy(
         &self,
         from: u32,
         pid: u32,
         header: &FrameHeader,
         desc: &Descriptor,
-        land: Land,
-        own: Option<&mut Own<'_>>,
+        land: Destination,
+        own: Option<&mut OwnReceive<'_>>,
     ) -> Result<(), Lost> {
         let total = header.total;
         match land {
-            Land::Caller => match own
+            Destination::Caller => match own
                 .and_then(|o| o.buf.as_deref_mut())
                 .and_then(|buf| buf.get_mut(..usize::try_from(total).ok()?))
             {
-                Some(buf) => self.read_pulled(from, pid, header, desc, buf)?,
+                Some(buf) => self.read_single_copy(from, pid, header, desc, buf)?,
                 None => {
                     return Err(Lost::Protocol(format!(
                         "frame from rank {from} addressed a receive buffer that is not present"
                     )));
                 }
             },
-            Land::Owned(dest) => {
+            Destination::Owned(dest) => {
                 // SAFETY: see `RawDest`: the owned buffer of this arriving message is `total`
                 // bytes long, and this link alone writes it (a pulled message is one stripe).
                 let slice = unsafe { std::slice::from_raw_parts_mut(dest.0, total as usize) };
-                self.read_pulled(from, pid, header, desc, slice)?;
+                self.read_single_copy(from, pid, header, desc, slice)?;
             }
-            Land::Discard => {}
+            Destination::Discard => {}
         }
         self.check_still_offered(from, pid, header, desc)?;
         let ticket = header.seq + 1;
         cross_memory::write_word(pid, desc.taken, ticket)
-            .map_err(|e| self.pull_failed(from, pid, "writing the taken word", e))?;
+            .map_err(|e| self.single_copy_failed(from, pid, "writing the taken word", e))?;
         self.traffic
-            .received_single_copy(total, matches!(land, Land::Owned(_)));
+            .received_single_copy(total, matches!(land, Destination::Owned(_)));
         Ok(())
     }
 
@@ -401,7 +407,7 @@ impl Engine {
     ) -> Result<(), Lost> {
         let mut offered = [0u8; 8];
         cross_memory::read_from(pid, &[(desc.offered, 8)], &mut offered)
-            .map_err(|e| self.pull_failed(from, pid, "reading the offer word", e))?;
+            .map_err(|e| self.single_copy_failed(from, pid, "reading the offer word", e))?;
         if u64::from_ne_bytes(offered) != header.seq + 1 {
             return Err(Lost::Gone(format!(
                 "rank {from} at {} withdrew message {} while it was being read (its send gave up)",
@@ -413,7 +419,7 @@ impl Engine {
     }
 
     /// The loss of rank `from` (process `pid`) after `what` failed with `e`.
-    pub(in crate::progress) fn pull_failed(
+    pub(in crate::progress) fn single_copy_failed(
         &self,
         from: u32,
         pid: u32,

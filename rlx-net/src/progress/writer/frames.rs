@@ -48,7 +48,7 @@ impl<'p, 'q> Frames<'p, 'q> {
         let (kind, stripes, descriptor) = match carriage {
             Carriage::SingleCopy { descriptor, .. } => {
                 let stripes = Striping::new(DESCRIPTOR_LEN as u64, 1, u64::MAX);
-                (FrameKind::Pull, stripes, Some(*descriptor))
+                (FrameKind::SingleCopy, stripes, Some(*descriptor))
             }
             Carriage::Stream if msg.kind == FrameKind::Data => {
                 let stripes = Striping::new(msg.total, links, min_striped);
