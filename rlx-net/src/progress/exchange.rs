@@ -171,11 +171,7 @@ impl Engine {
         let woke = POLL_FDS.with(|fds| {
             let mut fds = fds.borrow_mut();
             fds.clear();
-            for (i, link) in io.links.iter().enumerate() {
-                if pending & (1 << i) != 0 {
-                    fds.push(pollfd(link.fd(), libc::POLLOUT));
-                }
-            }
+            io.push_writable(pending, &mut fds);
             let mut ready = false;
             {
                 let st = lock(&self.hub.state);

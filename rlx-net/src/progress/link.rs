@@ -352,6 +352,15 @@ impl PeerIo {
         })
     }
 
+    /// Adds to `fds` a wait for room on each of the `pending` links (bit `k` for link `k`).
+    pub(super) fn push_writable(&self, pending: u64, fds: &mut Vec<libc::pollfd>) {
+        for (k, link) in self.links.iter().enumerate() {
+            if pending & (1 << k) != 0 {
+                fds.push(pollfd(link.fd(), libc::POLLOUT));
+            }
+        }
+    }
+
     pub(super) fn shutdown(&self) {
         for link in &self.links {
             let _ = link.stream.shutdown(Shutdown::Both);

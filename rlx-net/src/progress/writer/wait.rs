@@ -113,11 +113,7 @@ impl Engine {
         POLL_FDS.with(|fds| {
             let mut fds = fds.borrow_mut();
             fds.clear();
-            for (i, link) in io.links.iter().enumerate() {
-                if pending & (1 << i) != 0 {
-                    fds.push(pollfd(link.fd(), libc::POLLOUT));
-                }
-            }
+            io.push_writable(pending, &mut fds);
             let links = fds.len();
             fds.push(pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN));
             poll(&mut fds, LIGHT_WAIT);
@@ -150,11 +146,7 @@ impl Engine {
             POLL_FDS.with(|fds| {
                 let mut fds = fds.borrow_mut();
                 fds.clear();
-                for (i, link) in io.links.iter().enumerate() {
-                    if pending & (1 << i) != 0 {
-                        fds.push(pollfd(link.fd(), libc::POLLOUT));
-                    }
-                }
+                io.push_writable(pending, &mut fds);
                 let held_links = || {
                     held.iter()
                         .filter_map(|&(rank, k)| match self.peers.get(rank as usize) {
