@@ -666,10 +666,12 @@ fn the_kernel_alone_misses_what_heartbeats_catch() {
     // A live peer that computes for 3 s while a sender pushes more than its budget and the
     // socket buffers at it: a 1 s user timeout ends the sender's link although the peer lives.
     // The bytes must sit in the sockets, so the two ranks of this host keep their large
-    // messages on TCP instead of reading them from each other's memory.
+    // messages on TCP instead of reading them from each other's memory, and their first link
+    // on its socket instead of a shared-memory lane.
     let (a, b) = two_ranks(|builder| {
         builder
             .single_copy(false)
+            .lane_bytes(0)
             .heartbeat(Duration::ZERO)
             .max_unexpected_bytes(1 << 20)
             .socket_setup(|socket, _| user_timeout(socket, Duration::from_secs(1)))

@@ -104,6 +104,8 @@ struct TestCase {
     dir: PathBuf,
     /// Whether a hunt without a filter runs it.
     default: bool,
+    /// The release xtask binary its ranks run (see `world::RANK_BINARY_VAR`), once chosen.
+    rank_binary: Option<PathBuf>,
 }
 
 impl TestCase {
@@ -115,6 +117,7 @@ impl TestCase {
             args: vec!["--exact".to_owned(), name, "--nocapture".to_owned()],
             dir: binary.package_dir.clone(),
             default: DEFAULT_TARGETS.contains(&binary.target.as_str()),
+            rank_binary: None,
         }
     }
 
@@ -132,6 +135,7 @@ impl TestCase {
                 args: vec!["__ci-cluster".to_owned(), index.to_string()],
                 dir: workspace_root(),
                 default: false,
+                rank_binary: None,
             })
             .collect())
     }
@@ -172,6 +176,12 @@ pub(crate) fn run(args: &FlakyArgs) -> Result<(), String> {
         return Ok(());
     }
     snapshot_all(&mut cases, &dir)?;
+    // Tests that start ranks of xtask itself use this release binary, a copy like the rest.
+    let exe = std::env::current_exe().map_err(|e| format!("flaky: where is this binary: {e}"))?;
+    let rank_binary = snapshot(&exe, &dir)?;
+    for case in &mut cases {
+        case.rank_binary = Some(rank_binary.clone());
+    }
     let tallies = hunt(args, &cases, &dir)?;
     report(args, &cases, &tallies)
 }
@@ -322,6 +332,9 @@ fn run_once(case: &TestCase, log: &Path, limit: Duration) -> Result<Result<(), S
         .current_dir(&case.dir)
         .args(&case.args)
         .stdin(Stdio::null());
+    if let Some(binary) = &case.rank_binary {
+        command.env(crate::world::RANK_BINARY_VAR, binary);
+    }
     match supervise(&mut command, log, limit) {
         Supervised::Exited(status) if status.success() => Ok(Ok(())),
         Supervised::Exited(status) => Ok(Err(status.to_string())),

@@ -328,10 +328,18 @@ pub(crate) fn scratch_dir() -> Result<PathBuf, String> {
     Ok(dir)
 }
 
+/// Names a release xtask binary that tests use as their rank binary instead of building one
+/// (see [`rank_binary`]); `cargo xtask flaky` sets it to its own snapshot, so that a test it
+/// runs never builds from a tree that someone edits during the hunt.
+pub(crate) const RANK_BINARY_VAR: &str = "RLX_XTASK_RANK_BINARY";
+
 /// The rank binary: this binary built in release mode (with the `mlx` feature when the world
 /// needs it), so that the collectives run at full speed even under a debug `cargo xtask`.
 pub(crate) fn rank_binary(transport: TransportKind) -> Result<PathBuf, String> {
     let needs_mlx = transport == TransportKind::Mlx;
+    if let Some(binary) = std::env::var_os(RANK_BINARY_VAR).filter(|_| !needs_mlx) {
+        return Ok(PathBuf::from(binary));
+    }
     if !cfg!(debug_assertions) && (cfg!(feature = "mlx") || !needs_mlx) {
         return std::env::current_exe()
             .map_err(|e| format!("could not find the running xtask binary: {e}"));
