@@ -2,7 +2,8 @@
 //! checks; `sanitize` the test suites under ThreadSanitizer and AddressSanitizer; `flaky`
 //! runs chosen tests many times beside busy threads to find those that depend on scheduling;
 //! `test-cluster` and `bench` launch real multi-process jobs, whose ranks are this same binary
-//! re-executed with a hidden subcommand; `launch` runs a user's own program as the ranks.
+//! re-executed with a hidden subcommand; `bench-ab` runs two builds' benches in turn to compare
+//! them; `launch` runs a user's own program as the ranks.
 
 mod bench;
 mod ci;
@@ -64,6 +65,9 @@ enum Command {
     /// An nccl-tests style sweep (busbw, #wrong), optionally side by side with Open MPI, Gloo
     /// and MLX.
     Bench(bench::BenchArgs),
+    /// A/B of two release builds of this binary: their benches in turn, round after round, and
+    /// a table of each row's median time, new over old, flagging rows more than 5% slower.
+    BenchAb(bench::ab::AbArgs),
     /// Runs any program as N ranks with the launch environment (torchrun / mlx.launch style):
     /// rank-prefixed output, and the first failed rank's exit code.
     Launch(launch::LaunchArgs),
@@ -104,6 +108,7 @@ fn main() -> ExitCode {
         Command::MacosCheck => macos::Toolchain::find().and_then(|t| macos::check(&t)),
         Command::TestCluster(args) => cluster::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::BenchAb(args) => bench::ab::run(&args),
         Command::Rank(args) => {
             rlx_collective::install_debug_subscriber();
             cluster::worker::run(&args)

@@ -6,8 +6,10 @@
 //! #wrong`, with its bus-bandwidth factors. Each iteration's time is the slowest rank's, the
 //! reported time is the median over iterations, and `#wrong` counts the elements that differ
 //! from the expected result after the last iteration. Any wrong element of RLX's makes the
-//! command fail; nothing here asserts on time.
+//! command fail; nothing here asserts on time. `ab` compares two builds of this binary by
+//! running their benches in turn (`cargo xtask bench-ab`).
 
+pub(crate) mod ab;
 mod args;
 mod check;
 mod kernels;
