@@ -1,6 +1,6 @@
 //! The `RLX_*` environment variables of this crate, in one place: their names (re-exported
-//! where they always were: [`BACKEND_VAR`](crate::BACKEND_VAR), [`DEBUG_VAR`](crate::DEBUG_VAR),
-//! [`PREFIXED_VAR`](crate::PREFIXED_VAR), [`flight::FLIGHT_DIR_VAR`](crate::flight::FLIGHT_DIR_VAR)),
+//! where they always were: [`crate::BACKEND_VAR`], [`crate::DEBUG_VAR`], [`crate::PREFIXED_VAR`],
+//! [`crate::flight::FLIGHT_DIR_VAR`]),
 //! [`VARIABLES`] (the documented list the README's table of variables mirrors), and `read`,
 //! through which the switches among them are read.
 //!

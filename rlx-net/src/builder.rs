@@ -293,7 +293,7 @@ impl TcpTransportBuilder {
     }
 
     /// Applies the engine's tuning variables of the environment (names and defaults in
-    /// [`env`](crate::env) and the README's table): `RLX_SPIN_US` (see [`spin`](Self::spin)),
+    /// [`env`](mod@crate::env) and the README's table): `RLX_SPIN_US` (see [`spin`](Self::spin)),
     /// `RLX_HEARTBEAT_MS` (see [`heartbeat`](Self::heartbeat)), `RLX_SINGLE_COPY` (`0` or `1`,
     /// see [`single_copy`](Self::single_copy)), `RLX_SINGLE_COPY_MIN_BYTES` (see
     /// [`single_copy_min_bytes`](Self::single_copy_min_bytes)), `RLX_BOUNCE_BYTES` (see

@@ -23,7 +23,7 @@
 //! The launch environment (`RLX_RANK`, torchrun's, Open MPI's, PMI's and Slurm's variables,
 //! hostfiles, ...) is parsed by [`rlx_transport::bootstrap`], shared with the Thunderbolt
 //! transport; [`TcpTransport::from_env`] also reads the engine's tuning variables (module
-//! [`env`], applied by [`TcpTransportBuilder::tuning_env`]). The README's table of variables
+//! [`env`](mod@env), applied by [`TcpTransportBuilder::tuning_env`]). The README's table of variables
 //! ("Launching across processes or machines") lists every one, with its default and backends.
 //!
 //! Errors: a peer that closes, crashes or resets, or that sends nothing (not even a heartbeat)

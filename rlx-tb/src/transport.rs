@@ -251,7 +251,7 @@ pub(crate) const GROWING_UNSUPPORTED: &str = "growing a Thunderbolt world: the T
     Thunderbolt way in (rlx_collective::join is TCP only)";
 
 /// Every method forwards to the TCP transport underneath, except [`admission`]: growing
-/// refuses with [`CollectiveError::Unsupported`] naming why (see [`GROWING_UNSUPPORTED`]),
+/// refuses with [`CollectiveError::Unsupported`] naming why (see `GROWING_UNSUPPORTED`),
 /// instead of growing a world whose new links leave the Thunderbolt cables.
 ///
 /// [`admission`]: Transport::admission
@@ -265,7 +265,7 @@ impl rlx_transport::Delegate for ThunderboltTransport {
     }
 }
 
-/// The refusal of [`GROWING_UNSUPPORTED`], at the first step `ProcessGroup::grow` takes, so
+/// The refusal of `GROWING_UNSUPPORTED`, at the first step `ProcessGroup::grow` takes, so
 /// that the group's rank 0 tells every member why and no rank waits for its deadline.
 impl Admission for ThunderboltTransport {
     fn await_joiners(

@@ -2,7 +2,7 @@
 //! environment variables name the rank, the world size, the rendezvous and the knobs, and how an
 //! MLX-style hostfile reads.
 //!
-//! The variables' names and their documented list live in [`env`](crate::env); this module
+//! The variables' names and their documented list live in [`env`](mod@crate::env); this module
 //! parses them. Nothing here opens a socket. [`LaunchEnv::from_env`] reads the process environment;
 //! [`LaunchEnv::from_lookup`] takes any lookup function so every convention is testable.
 //!

@@ -11,7 +11,7 @@
 //!   heap, provided for any transport by [`Symmetric`].
 //! - [`Delegate`]: how a transport that wraps another forwards every [`Transport`] method to
 //!   it, overriding only what it changes.
-//! - [`env`]: the `RLX_*` environment variables this crate reads, and [`env::Variable`], the
+//! - [`env`](mod@env): the `RLX_*` environment variables this crate reads, and [`env::Variable`], the
 //!   shape of every crate's documented list of variables.
 //! - [`blocked_send`]: the hook through which the layers above keep their duties (answering
 //!   wait probes) while a send of theirs waits inside a transport on a peer that does not read.

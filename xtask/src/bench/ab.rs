@@ -61,7 +61,7 @@ pub(crate) struct AbArgs {
     #[arg(long, default_value = "8,256K,32M,256M")]
     pub(crate) sizes: String,
     /// Directory for every run's JSON file and log, the copied builds and `ab.md` (default
-    /// target/bench-ab/<UTC timestamp>/).
+    /// `target/bench-ab/<UTC timestamp>/`).
     #[arg(long)]
     pub(crate) out: Option<PathBuf>,
     /// Timed iterations per size, passed to bench (its default when not given).
