@@ -51,8 +51,8 @@ fn worker(spec: &str) {
     let group = ProcessGroup::new(Arc::new(transport) as Arc<dyn Transport>);
     group.barrier().expect("the first barrier");
     println!("ready");
-    // The parent freezes rank FROZEN now (it is between two all-reduces) and lets the others
-    // go on.
+    // The parent freezes rank FROZEN now, while it waits here, and lets the others go on only
+    // once it has stopped.
     let mut go = String::new();
     std::io::stdin().read_line(&mut go).expect("the go-ahead");
     let mut x = [1.0f32; 16];
@@ -157,6 +157,46 @@ fn signal(child: &Child, which: &str) {
     assert!(status.success(), "kill {which} failed");
 }
 
+/// Freezes a rank with SIGSTOP and returns once it has stopped.
+///
+/// `kill(2)` returns when the signal is queued, not when the process has stopped: one of its
+/// threads must run to begin the stop, and on a loaded machine the rank's other threads can run
+/// first. A go-ahead sent at once could then be read, and the all-reduce run far enough for the
+/// survivors' all-reduce to succeed, before the rank stops. `waitid(2)` reports the stop only
+/// once every thread has stopped; `WNOWAIT` leaves the report (and an exit) for later waits.
+fn freeze(child: &mut Child, rank: usize, deadline: Instant) {
+    signal(child, "-STOP");
+    let pid = libc::id_t::from(child.id());
+    // SAFETY: `siginfo_t` is plain data, for which all zero bytes are a valid value.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: `info` is a valid, writable `siginfo_t`, and `pid` is our own child, not
+        // reaped yet (WNOWAIT never reaps it).
+        let waited = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid,
+                &mut info,
+                libc::WSTOPPED | libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if waited == 0 {
+            break;
+        }
+        let error = std::io::Error::last_os_error();
+        assert_eq!(
+            error.kind(),
+            std::io::ErrorKind::Interrupted,
+            "waitid for rank {rank}: {error}"
+        );
+    }
+    if info.si_code != libc::CLD_STOPPED {
+        // It ended instead of stopping: report how, with what it wrote to stderr.
+        finish(child, rank, deadline);
+        panic!("rank {rank} ended instead of stopping");
+    }
+}
+
 fn finish(child: &mut Child, rank: usize, deadline: Instant) {
     loop {
         if let Some(status) = child.try_wait().expect("a worker's state") {
@@ -196,7 +236,7 @@ fn a_sigstopped_rank_is_excluded_and_fails_when_it_resumes() {
     for (rank, out) in outputs.iter_mut().enumerate() {
         expect_line(out, "ready", rank, deadline);
     }
-    signal(&reaper.0[FROZEN as usize], "-STOP");
+    freeze(&mut reaper.0[FROZEN as usize], FROZEN as usize, deadline);
     for (rank, child) in reaper.0.iter_mut().enumerate() {
         go_ahead(child, rank, deadline);
     }
