@@ -1,24 +1,19 @@
-//! [`TcpTransportBuilder`]: the configuration of a [`TcpTransport`] (rendezvous, timeouts,
-//! limits, the engine's tuning and the environment that sets them), and `build`, which
-//! rendezvous with every rank and starts the engine.
+//! [`TcpTransportBuilder`]: the configuration of a [`TcpTransport`](crate::TcpTransport) (rendezvous, timeouts,
+//! limits, the engine's tuning and the environment that sets them). Its `build`, which acts on
+//! the configuration, is `start.rs`'s.
 
 use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
 
 use rlx_transport::ifname::IfnameFilter;
-use rlx_transport::{CollectiveError, DEFAULT_OP_TIMEOUT, LaunchEnv, Rendezvous, Result};
+use rlx_transport::{DEFAULT_OP_TIMEOUT, LaunchEnv, Rendezvous, Result};
 
-use crate::bootstrap::{
-    self, BootConfig, DEFAULT_HELLO_TIMEOUT, SocketRole, SocketSetup, SocketSetupFn,
-};
-use crate::handshake::job_digest;
+use crate::bootstrap::{DEFAULT_HELLO_TIMEOUT, SocketRole, SocketSetup, SocketSetupFn};
 use crate::progress::{
     DEFAULT_HEARTBEAT, DEFAULT_LANE_BYTES, DEFAULT_MAX_BOUNCED, DEFAULT_MIN_SINGLE_COPY,
-    DEFAULT_SPIN, Engine, EngineConfig, PeerIo,
+    DEFAULT_SPIN,
 };
-use crate::sync::{Arc, thread};
-use crate::transport::TcpTransport;
 
 /// Default frame cap: the largest message accepted from the wire (`RLX_MAX_FRAME_BYTES`).
 pub const DEFAULT_MAX_FRAME_BYTES: u64 = 1 << 30;
@@ -27,30 +22,30 @@ pub const DEFAULT_MAX_UNEXPECTED_BYTES: u64 = 64 << 20;
 /// Messages at least this long are striped over the links of a peer when there are several.
 pub const DEFAULT_MIN_STRIPED_BYTES: u64 = 256 << 10;
 
-/// Configures and builds a [`TcpTransport`]; see [`TcpTransport::builder`].
+/// Configures and builds a [`TcpTransport`](crate::TcpTransport); see [`TcpTransport::builder`](crate::TcpTransport::builder).
 #[derive(Clone)]
 pub struct TcpTransportBuilder {
-    rank: Option<u32>,
-    world: Option<u32>,
-    rendezvous: Option<Rendezvous>,
-    op_timeout: Duration,
-    connect_timeout: Option<Duration>,
-    hello_timeout: Duration,
-    job_id: Option<String>,
-    secret: Option<Vec<u8>>,
-    max_frame: u64,
-    max_unexpected: u64,
-    min_striped: u64,
-    sockets_per_peer: Option<u32>,
-    bind_ip: Option<IpAddr>,
-    ifname: Option<IfnameFilter>,
-    spin: Duration,
-    heartbeat: Duration,
-    min_single_copy: u64,
-    max_bounced: u64,
-    longest_hold: Duration,
-    lane_bytes: u64,
-    socket_setup: Option<SocketSetup>,
+    pub(crate) rank: Option<u32>,
+    pub(crate) world: Option<u32>,
+    pub(crate) rendezvous: Option<Rendezvous>,
+    pub(crate) op_timeout: Duration,
+    pub(crate) connect_timeout: Option<Duration>,
+    pub(crate) hello_timeout: Duration,
+    pub(crate) job_id: Option<String>,
+    pub(crate) secret: Option<Vec<u8>>,
+    pub(crate) max_frame: u64,
+    pub(crate) max_unexpected: u64,
+    pub(crate) min_striped: u64,
+    pub(crate) sockets_per_peer: Option<u32>,
+    pub(crate) bind_ip: Option<IpAddr>,
+    pub(crate) ifname: Option<IfnameFilter>,
+    pub(crate) spin: Duration,
+    pub(crate) heartbeat: Duration,
+    pub(crate) min_single_copy: u64,
+    pub(crate) max_bounced: u64,
+    pub(crate) longest_hold: Duration,
+    pub(crate) lane_bytes: u64,
+    pub(crate) socket_setup: Option<SocketSetup>,
 }
 
 impl fmt::Debug for TcpTransportBuilder {
@@ -200,7 +195,7 @@ impl TcpTransportBuilder {
     }
 
     /// How long a receiving thread polls its sockets without blocking before it sleeps in
-    /// `poll(2)` (default 50 µs; `RLX_SPIN_US` with [`TcpTransport::from_env`]). Spinning saves
+    /// `poll(2)` (default 50 µs; `RLX_SPIN_US` with [`TcpTransport::from_env`](crate::TcpTransport::from_env)). Spinning saves
     /// the wake-up latency of a blocking read at the price of CPU time; zero never spins.
     pub fn spin(mut self, spin: Duration) -> Self {
         self.spin = spin;
@@ -208,7 +203,7 @@ impl TcpTransportBuilder {
     }
 
     /// How often the transport's background thread sends a heartbeat on a link that carried
-    /// nothing else (default 1 s; `RLX_HEARTBEAT_MS` with [`TcpTransport::from_env`]); zero
+    /// nothing else (default 1 s; `RLX_HEARTBEAT_MS` with [`TcpTransport::from_env`](crate::TcpTransport::from_env)); zero
     /// turns heartbeats off.
     ///
     /// A peer that sent nothing at all (no message, no heartbeat) for five intervals is lost:
@@ -225,7 +220,7 @@ impl TcpTransportBuilder {
 
     /// Whether large messages to ranks of this host may be read straight from this process's
     /// memory, and read from theirs (default on, Linux only; `RLX_SINGLE_COPY=0` with
-    /// [`TcpTransport::from_env`] turns it off).
+    /// [`TcpTransport::from_env`](crate::TcpTransport::from_env) turns it off).
     ///
     /// Between two processes of one host a TCP message is copied twice by the kernel, once
     /// into the socket and once out of it, and one message runs at what one loopback stream
@@ -248,7 +243,7 @@ impl TcpTransportBuilder {
     }
 
     /// How much of a single-copy message passes through a shared-memory bounce file (default
-    /// 64 MiB; `RLX_BOUNCE_BYTES` with [`TcpTransport::from_env`]; 0 bounces nothing).
+    /// 64 MiB; `RLX_BOUNCE_BYTES` with [`TcpTransport::from_env`](crate::TcpTransport::from_env); 0 bounces nothing).
     ///
     /// A receiver reads another process's memory at about a third of the speed of a plain
     /// memory copy. So the sender copies the message's first `bytes` into a shared-memory file
@@ -262,7 +257,7 @@ impl TcpTransportBuilder {
     }
 
     /// The ring size of the shared-memory lane to each rank of this host (default 256 KiB;
-    /// `RLX_LANE_BYTES` with [`TcpTransport::from_env`]; 0 keeps every link on TCP).
+    /// `RLX_LANE_BYTES` with [`TcpTransport::from_env`](crate::TcpTransport::from_env); 0 keeps every link on TCP).
     ///
     /// The first link to a rank of this host carries its frames through a ring in a shared-memory file once both ranks mapped it, instead of
     /// the loopback TCP connection: a small message then costs two memory copies instead of
@@ -275,7 +270,7 @@ impl TcpTransportBuilder {
     }
 
     /// The smallest message the single-copy path carries (default 256 KiB;
-    /// `RLX_SINGLE_COPY_MIN_BYTES` with [`TcpTransport::from_env`]); smaller ones go over TCP,
+    /// `RLX_SINGLE_COPY_MIN_BYTES` with [`TcpTransport::from_env`](crate::TcpTransport::from_env)); smaller ones go over TCP,
     /// which is as fast for them. Turns the path on.
     pub fn single_copy_min_bytes(mut self, bytes: u64) -> Self {
         self.min_single_copy = bytes.clamp(1, u64::MAX - 1);
@@ -377,115 +372,6 @@ impl TcpTransportBuilder {
             self.max_frame = cap;
         }
         self
-    }
-
-    /// Rendezvous with every rank, connect and handshake every link, and start the transport.
-    /// Waits up to the connect timeout for all ranks.
-    pub fn build(self) -> Result<TcpTransport> {
-        let config = self.clone();
-        let rendezvous = self.rendezvous.clone().ok_or_else(|| {
-            CollectiveError::config("no rendezvous: give a hostfile or a master address")
-        })?;
-        let (rank, world, links) = self.shape(&rendezvous)?;
-        let engine_config = self.engine_config();
-        let job_id = self
-            .job_id
-            .clone()
-            .unwrap_or_else(|| rendezvous.derived_job_id());
-        let cfg = BootConfig {
-            rank,
-            world,
-            rendezvous,
-            connect_timeout: self.connect_timeout.unwrap_or(self.op_timeout),
-            hello_timeout: self.hello_timeout,
-            job: job_digest(&job_id),
-            secret: self.secret,
-            links,
-            bind_ip: self.bind_ip,
-            ifname: self.ifname,
-            socket_setup: self.socket_setup,
-        };
-        let established = bootstrap::establish(&cfg)?;
-        let peers = established
-            .links
-            .into_iter()
-            .zip(established.addrs)
-            .enumerate()
-            .map(|(r, (streams, addr))| (r as u32 != rank).then(|| PeerIo::new(streams, addr)))
-            .collect();
-        let engine = Engine::new(rank, world, engine_config, peers)
-            .map_err(|source| CollectiveError::Io { peer: None, source })?;
-        engine.offer_same_host();
-        let engine = Arc::new(engine);
-        let watcher = if world > 1 {
-            let e = Arc::clone(&engine);
-            Some(
-                thread::Builder::new()
-                    .name(format!("rlx-net-watch-{rank}"))
-                    .spawn(move || e.watch())
-                    .map_err(|source| CollectiveError::Io { peer: None, source })?,
-            )
-        } else {
-            None
-        };
-        Ok(TcpTransport::running(rank, world, engine, watcher, config))
-    }
-
-    /// This rank, the world size and the sockets per peer, checked: the world from the builder
-    /// or the hostfile, the rank inside it, 1 to 64 links, a positive timeout and frame cap.
-    fn shape(&self, rendezvous: &Rendezvous) -> Result<(u32, u32, u32)> {
-        let world = match (rendezvous, self.world) {
-            (_, Some(w)) => w,
-            (Rendezvous::Hostfile(h), None) => u32::try_from(h.len())
-                .map_err(|_| CollectiveError::config("the hostfile lists too many ranks"))?,
-            (Rendezvous::Store { .. }, None) => {
-                return Err(CollectiveError::config("no world size"));
-            }
-        };
-        if world == 0 {
-            return Err(CollectiveError::config("world size 0"));
-        }
-        let rank = self
-            .rank
-            .ok_or_else(|| CollectiveError::config("no rank given"))?;
-        if rank >= world {
-            return Err(CollectiveError::UnknownRank {
-                rank,
-                world_size: world,
-            });
-        }
-        if self.op_timeout.is_zero() || self.max_frame == 0 {
-            return Err(CollectiveError::config(
-                "the operation timeout and the frame cap must be positive",
-            ));
-        }
-        let links = match (self.sockets_per_peer, rendezvous) {
-            (Some(n), _) => n,
-            (None, Rendezvous::Hostfile(h)) => h.iter().map(Vec::len).max().unwrap_or(1) as u32,
-            (None, Rendezvous::Store { .. }) => 1,
-        };
-        if !(1..=64).contains(&links) {
-            return Err(CollectiveError::config(format!(
-                "{links} sockets per peer (1 to 64 are supported)"
-            )));
-        }
-        Ok((rank, world, links))
-    }
-
-    /// The engine's tuning, shared by every link.
-    fn engine_config(&self) -> EngineConfig {
-        EngineConfig {
-            max_frame: self.max_frame,
-            max_unexpected: self.max_unexpected,
-            min_striped: self.min_striped.max(1),
-            op_timeout: self.op_timeout,
-            spin: self.spin,
-            heartbeat: self.heartbeat,
-            min_single_copy: self.min_single_copy,
-            max_bounced: self.max_bounced,
-            lane_bytes: self.lane_bytes,
-            longest_hold: self.longest_hold,
-        }
     }
 }
 

@@ -14,9 +14,9 @@
 //!   messages, backpressure budget, lost peers), no I/O;
 //! - `progress/`: the engine that reads and writes the sockets on the calling threads, and
 //!   the single-copy path that moves large messages between ranks of one host from memory to
-//!   memory (`progress/single_copy.rs`, Linux);
+//!   memory (`progress/same_host/`, Linux);
 //! - `error.rs`: how failures map onto `CollectiveError`;
-//! - `builder.rs`: [`TcpTransportBuilder`], the configuration and the build;
+//! - `builder.rs`: [`TcpTransportBuilder`], the configuration; `start.rs`: its `build`;
 //! - `env.rs`: the tuning variables of the environment, their names and documented list;
 //! - `transport.rs`: [`TcpTransport`] and the [`Transport`] methods.
 //!
@@ -53,6 +53,7 @@ pub mod fuzzing;
 mod handshake;
 mod matching;
 mod progress;
+mod start;
 mod sync;
 mod transport;
 

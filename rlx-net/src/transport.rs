@@ -1,5 +1,5 @@
 //! [`TcpTransport`]: the [`Transport`] methods on top of the [progress engine](crate::progress);
-//! its configuration and build are [`TcpTransportBuilder`]'s (`builder.rs`).
+//! its configuration is [`TcpTransportBuilder`] (`builder.rs`), its start `start.rs`.
 
 use std::fmt;
 use std::net::SocketAddr;
