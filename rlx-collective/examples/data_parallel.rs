@@ -187,8 +187,8 @@ pub(crate) fn train(group: &ProcessGroup, cfg: &Config) -> Result<Report, Collec
                 // along.
                 let mut layer2 = grads[split..].to_vec();
                 layer2.push(local_loss);
-                let layer2 = group.spawn_all_reduce_of(layer2, ReduceKind::Sum);
-                let layer1 = group.spawn_all_reduce_of(grads[..split].to_vec(), ReduceKind::Sum);
+                let layer2 = group.spawn_all_reduce(layer2, ReduceKind::Sum);
+                let layer1 = group.spawn_all_reduce(grads[..split].to_vec(), ReduceKind::Sum);
                 let layer1 = layer1.join()?;
                 let mut layer2 = layer2.join()?;
                 let loss = layer2.pop().unwrap_or(f32::NAN);

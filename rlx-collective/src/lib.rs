@@ -3,8 +3,10 @@
 //!
 //! - [`ProcessGroup`]: all-reduce, reduce, reduce-scatter, all-gather, gather, scatter,
 //!   broadcast, all-to-all, barrier, point-to-point, non-blocking `spawn_*` variants,
-//!   federated averaging and `split`, for `f32` slices and for raw little-endian buffers of
-//!   every [`DType`] (the `*_typed` methods).
+//!   federated averaging and `split`, generic over the [`Element`] types (`f32`, `f64`,
+//!   [`f16`], [`bf16`], `i8`, `u8`, `i32`, `i64`: the slice's type decides what travels), and
+//!   on raw little-endian buffers whose [`DType`] is known only at run time (the `*_typed`
+//!   methods).
 //! - One file per algorithm (`all_reduce/ring.rs`, `all_reduce/recursive_doubling.rs`,
 //!   `all_reduce/one_sided/`, `all_gather/{ring,bruck}.rs`, `broadcast/{binomial,chain}.rs`,
 //!   ...), chosen by [`select`] unless [`ProcessGroup::set_algorithm`] forces one. The
@@ -23,7 +25,9 @@
 //!   survivors over the same links (the ranks declared dead are excluded at the transport and
 //!   fail if they wake up); `grow` admits replacements that call [`join()`] (TCP) or
 //!   [`ProcessGroup::joined`] (in-process, with a [`MemJoiner`]).
-//! - [`init()`]: the world group from the environment on the compiled-in backend.
+//! - [`init()`]: the world group from the environment on the compiled-in backend (a world of
+//!   one rank when no launcher set anything); the README's "Use it in your crate" shows a
+//!   whole program and how to launch it.
 //!
 //! The contracts of `rlx-transport` are re-exported, so `use rlx_collective::*` suffices.
 //!
@@ -111,6 +115,9 @@ pub use compression::{Compression, Compressor, FRAME_CHUNK, INT8_BLOCK};
 pub use debug_log::install_debug_subscriber;
 pub use env::{DEBUG_VAR, PREFIXED_VAR};
 pub use group::{ProcessGroup, WORLD_GROUP_ID};
+/// The half-precision element types, re-exported so that a program uses the very `half`
+/// version this crate was built with.
+pub use half::{bf16, f16};
 pub use handle::{AllReduceHandle, CollectiveHandle};
 pub use init::{BACKEND_VAR, compiled_backends, init, join};
 pub use rlx_transport::{

@@ -36,7 +36,7 @@ fn eight_blocked_calls_wake(world: Vec<ProcessGroup>, what: &str) -> Duration {
         let group = zero.clone();
         calls.push(thread::spawn(move || group.recv::<f32>(1, tag).map(|_| ())));
     }
-    let all_reduce = zero.spawn_all_reduce_of(vec![1.0f32; 64], ReduceKind::Sum);
+    let all_reduce = zero.spawn_all_reduce(vec![1.0f32; 64], ReduceKind::Sum);
     calls.push(thread::spawn(move || all_reduce.join().map(|_| ())));
     let all_gather = zero.spawn_all_gather(vec![1.0f32; 64]);
     calls.push(thread::spawn(move || all_gather.join().map(|_| ())));

@@ -47,8 +47,7 @@ fn compare_on<T: Element>(group: &ProcessGroup) -> Result<(), CollectiveError> {
     group.all_reduce_typed(&mut raw, dtype, ReduceKind::Sum)?;
     assert_eq!(as_bytes(&typed), raw, "{}", what("all_reduce"));
 
-    let handle =
-        std::sync::Arc::new(group.clone()).spawn_all_reduce(values.clone(), ReduceKind::Max);
+    let handle = group.spawn_all_reduce(values.clone(), ReduceKind::Max);
     let typed = handle.join()?;
     let mut raw = bytes.clone();
     group.all_reduce_typed(&mut raw, dtype, ReduceKind::Max)?;

@@ -14,7 +14,7 @@ fn spawned_operations_share_one_worker_per_group() {
     let before = threads();
     let results = common::on_each(groups, move |group| {
         let handles: Vec<_> = (0..100)
-            .map(|i| group.spawn_all_reduce_of(vec![i as f32; 2], rlx_collective::ReduceKind::Sum))
+            .map(|i| group.spawn_all_reduce(vec![i as f32; 2], rlx_collective::ReduceKind::Sum))
             .collect();
         let during = threads();
         let sums: Vec<f32> = handles

@@ -358,6 +358,12 @@ impl TcpTransportBuilder {
 
     /// Applies everything [`LaunchEnv`] read from the environment.
     pub fn launch_env(mut self, env: LaunchEnv) -> Self {
+        if env.standalone {
+            tracing::info!(
+                "no launch variables (rank, world size, hostfile or master address) are set: \
+                 running as a world of one rank"
+            );
+        }
         self.rank = Some(env.rank);
         self.world = Some(env.world_size);
         self.rendezvous = Some(env.rendezvous);

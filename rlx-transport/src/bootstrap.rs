@@ -15,6 +15,9 @@
 //! | timeout | `RLX_TIMEOUT_MS` (default [`DEFAULT_OP_TIMEOUT`]) |
 //! | security | `RLX_JOB_SECRET` (HMAC key), `RLX_JOB_ID` (else derived from the rendezvous) |
 //! | links | `RLX_SOCKETS_PER_PEER`, `RLX_MAX_FRAME_BYTES` |
+//!
+//! A process with none of the rank, world size and address variables set was started without
+//! a launcher: it runs as a world of one rank ([`LaunchEnv::standalone`]).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
@@ -96,6 +99,10 @@ pub struct LaunchEnv {
     pub sockets_per_peer: Option<u32>,
     /// `RLX_MAX_FRAME_BYTES`, when set.
     pub max_frame_bytes: Option<u64>,
+    /// Whether no launcher set anything: no rank, world size, hostfile or master address.
+    /// Such a process runs as a world of one rank, as MPI and MLX run a program started
+    /// without their launchers.
+    pub standalone: bool,
 }
 
 impl std::fmt::Debug for LaunchEnv {
@@ -110,6 +117,7 @@ impl std::fmt::Debug for LaunchEnv {
             .field("job_id", &self.job_id)
             .field("sockets_per_peer", &self.sockets_per_peer)
             .field("max_frame_bytes", &self.max_frame_bytes)
+            .field("standalone", &self.standalone)
             .finish()
     }
 }
@@ -124,6 +132,7 @@ impl LaunchEnv {
     /// the hostfile it names from disk.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let standalone = !launched(&get);
         let rank = first_number(&get, RANK_VARS, "rank")?;
         let declared_world = first_number(&get, WORLD_SIZE_VARS, "world size")?;
 
@@ -132,6 +141,8 @@ impl LaunchEnv {
             .find_map(|name| get(name).map(|value| (*name, value)));
         let rendezvous = match hostfile {
             Some((name, value)) => Rendezvous::Hostfile(read_hostfile(name, &value)?),
+            // A world of one connects to nobody; its one address is never listened on.
+            None if standalone => Rendezvous::Hostfile(vec![vec![STANDALONE_ADDRESS.to_owned()]]),
             None => store_from(&get)?,
         };
 
@@ -208,8 +219,28 @@ impl LaunchEnv {
             job_id,
             sockets_per_peer,
             max_frame_bytes,
+            standalone,
         })
     }
+}
+
+/// The address in the one-rank hostfile of a process started without a launcher.
+const STANDALONE_ADDRESS: &str = "127.0.0.1:0";
+
+/// Whether a launcher (or the user) set any variable that places this process in a job: a
+/// rank, a world size, a hostfile or a master address.
+fn launched(get: &impl Fn(&str) -> Option<String>) -> bool {
+    let placing = [
+        env::HOSTFILE,
+        "MLX_HOSTFILE",
+        env::MASTER_ADDR,
+        "MASTER_ADDR",
+    ];
+    RANK_VARS
+        .iter()
+        .chain(WORLD_SIZE_VARS)
+        .chain(&placing)
+        .any(|name| get(name).is_some())
 }
 
 /// Parses an MLX hostfile: a JSON list with one entry per rank, each a list of `"host:port"`
@@ -504,6 +535,24 @@ mod tests {
                 matches!(err, CollectiveError::Config { .. }),
                 "{case:?}: {err}"
             );
+        }
+    }
+
+    #[test]
+    fn no_launch_variable_means_a_world_of_one() {
+        let alone = LaunchEnv::from_lookup(env(&[("RLX_TIMEOUT_MS", "2000")])).unwrap();
+        assert!(alone.standalone);
+        assert_eq!((alone.rank, alone.world_size), (0, 1));
+        assert_eq!(alone.op_timeout, Duration::from_millis(2000));
+        let launched = LaunchEnv::from_lookup(env(&[("RLX_HOSTFILE", "[\"h:1\"]")])).unwrap();
+        assert!(!launched.standalone);
+        // A launcher that set only part of what it must is still an error, not a world of one.
+        for partial in [
+            &[("RANK", "0")][..],
+            &[("WORLD_SIZE", "2")],
+            &[("MASTER_ADDR", "h")],
+        ] {
+            assert!(LaunchEnv::from_lookup(env(partial)).is_err(), "{partial:?}");
         }
     }
 

@@ -9,7 +9,7 @@ use crate::cluster::{ClusterArgs, Scenario};
 use crate::cmd::{cargo, mlx_python, run_step, workspace_root};
 use crate::launch::{self, LaunchArgs};
 use crate::world::{TransportKind, WorldArgs};
-use crate::{bench, cluster, loom, macos, sanitize};
+use crate::{bench, cluster, downstream, loom, macos, sanitize};
 
 /// Flags of `cargo xtask ci`.
 #[derive(Debug, Args)]
@@ -95,6 +95,7 @@ fn run_steps(args: &CiArgs, steps: &mut Steps) -> Result<(), String> {
     })?;
     steps.time("test-cluster runs", clusters)?;
     steps.time("examples", examples)?;
+    steps.time("downstream crate", downstream::check)?;
     steps.time("bench smoke", || {
         eprintln!(
             "\n==> bench smoke: every operation, dtype and reduction, small sizes, #wrong only"

@@ -75,6 +75,7 @@ pub(crate) const DEFAULT_TARGETS: &[&str] = &[
     "shrink",
     "shrink_processes",
     "stall_blame",
+    "standalone",
     "wire_bytes",
     "worker_threads",
     // xtask: the doctor and the launcher in network namespaces, the cluster's checks.

@@ -10,6 +10,7 @@ mod ci;
 mod cluster;
 mod cmd;
 mod doctor;
+mod downstream;
 mod flaky;
 mod flight_report;
 mod job;
@@ -59,6 +60,9 @@ enum Command {
     /// The macOS type-check of `ci` alone (clippy and docs for aarch64- and x86_64-apple-darwin
     /// with Debian's Rust and its std source).
     MacosCheck,
+    /// The README's "Use it in your crate" program as a fresh crate of its own, built against
+    /// this checkout and launched as 4 ranks (a step of `ci`).
+    ReadmeCrate,
     /// A local multi-rank cluster running every collective on every dtype and reduction over
     /// awkward sizes, checked against a serial reference.
     TestCluster(cluster::ClusterArgs),
@@ -105,6 +109,7 @@ fn main() -> ExitCode {
         Command::CiCluster { index } => ci::cluster_run(index),
         Command::Doctor(args) => doctor::run(&args),
         Command::DoctorRank => doctor::rank_main(),
+        Command::ReadmeCrate => downstream::check(),
         Command::MacosCheck => macos::Toolchain::find().and_then(|t| macos::check(&t)),
         Command::TestCluster(args) => cluster::run(&args),
         Command::Bench(args) => bench::run(&args),

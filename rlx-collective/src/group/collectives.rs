@@ -5,8 +5,6 @@
 //! thin wrapper over one implementation that issues the operation and hands its context to the
 //! algorithm module.
 
-use std::sync::Arc;
-
 use super::ProcessGroup;
 use crate::handle::{AllReduceHandle, CollectiveHandle};
 use crate::reduce_scatter;
@@ -86,7 +84,6 @@ impl ProcessGroup {
     /// std::thread::scope(|s| {
     ///     for group in &world {
     ///         s.spawn(move || {
-    ///             let group = Arc::new(group.clone());
     ///             let pending = group.spawn_all_reduce(vec![1.0f32; 4], ReduceKind::Sum);
     ///             // ... compute something else while the sum travels ...
     ///             assert_eq!(pending.join().unwrap(), vec![2.0; 4]);
@@ -95,21 +92,6 @@ impl ProcessGroup {
     /// });
     /// ```
     pub fn spawn_all_reduce<T: Element>(
-        self: &Arc<Self>,
-        data: Vec<T>,
-        op: ReduceKind,
-    ) -> AllReduceHandle<T> {
-        self.as_ref().spawn_all_reduce_of(data, op)
-    }
-
-    /// [`ProcessGroup::spawn_all_reduce`] of `f32`s on a plain (non-`Arc`) group handle.
-    pub fn spawn_all_reduce_f32(&self, data: Vec<f32>, op: ReduceKind) -> AllReduceHandle {
-        self.spawn_all_reduce_of(data, op)
-    }
-
-    /// [`ProcessGroup::spawn_all_reduce`] on a plain (non-`Arc`) group handle, for any
-    /// [`Element`] type.
-    pub fn spawn_all_reduce_of<T: Element>(
         &self,
         mut data: Vec<T>,
         op: ReduceKind,
@@ -118,6 +100,28 @@ impl ProcessGroup {
             crate::all_reduce::run(ctx, bytemuck::cast_slice_mut(&mut data), T::DTYPE, op)?;
             Ok(data)
         })
+    }
+
+    /// The former name of [`ProcessGroup::spawn_all_reduce`] for `f32`s.
+    #[deprecated(
+        since = "0.1.0",
+        note = "use `spawn_all_reduce`, which takes any element type"
+    )]
+    pub fn spawn_all_reduce_f32(&self, data: Vec<f32>, op: ReduceKind) -> AllReduceHandle {
+        self.spawn_all_reduce(data, op)
+    }
+
+    /// The former name of [`ProcessGroup::spawn_all_reduce`] on a plain group handle.
+    #[deprecated(
+        since = "0.1.0",
+        note = "use `spawn_all_reduce`, which takes `&self` now"
+    )]
+    pub fn spawn_all_reduce_of<T: Element>(
+        &self,
+        data: Vec<T>,
+        op: ReduceKind,
+    ) -> AllReduceHandle<T> {
+        self.spawn_all_reduce(data, op)
     }
 
     /// Non-blocking [`ProcessGroup::all_reduce_typed`].
