@@ -207,7 +207,7 @@ impl TcpTransportBuilder {
     /// turns heartbeats off.
     ///
     /// A peer that sent nothing at all (no message, no heartbeat) for five intervals is lost:
-    /// every operation that needs it fails with [`CollectiveError::PeerLost`] saying for how long
+    /// every operation that needs it fails with [`CollectiveError::PeerLost`](rlx_transport::CollectiveError::PeerLost) saying for how long
     /// it was silent, without waiting for the operation timeout. This is what notices a
     /// stopped process (SIGSTOP, a debugger), a cut link or a machine gone to sleep, which send
     /// no reset. The beats come from the transport's own thread, so a caller that computes for
@@ -327,7 +327,7 @@ impl TcpTransportBuilder {
     /// [`SocketRole::Listen`] and the address it will be bound to, and each connecting socket
     /// (to peers and to the store) before `connect`, with [`SocketRole::Connect`] and the
     /// destination. Accepted connections inherit their listener's options. An error from the
-    /// hook fails the build: for a connecting socket as [`CollectiveError::Io`] naming the
+    /// hook fails the build: for a connecting socket as [`CollectiveError::Io`](rlx_transport::CollectiveError::Io) naming the
     /// peer and address, without further attempts.
     ///
     /// The Thunderbolt transport pins sockets to its link with it (`SO_BINDTODEVICE`).
