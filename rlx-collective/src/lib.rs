@@ -4,7 +4,7 @@
 //! - [`ProcessGroup`]: all-reduce, reduce, reduce-scatter, all-gather, gather, scatter,
 //!   broadcast, all-to-all, barrier, point-to-point, non-blocking `spawn_*` variants,
 //!   federated averaging and `split`, generic over the [`Element`] types (`f32`, `f64`,
-//!   [`f16`], [`bf16`], `i8`, `u8`, `i32`, `i64`: the slice's type decides what travels), and
+//!   [`f16`](struct@f16), [`bf16`], `i8`, `u8`, `i32`, `i64`: the slice's type decides what travels), and
 //!   on raw little-endian buffers whose [`DType`] is known only at run time (the `*_typed`
 //!   methods).
 //! - One file per algorithm (`all_reduce/ring.rs`, `all_reduce/recursive_doubling.rs`,
