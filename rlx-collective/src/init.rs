@@ -44,7 +44,17 @@ pub fn compiled_backends() -> Vec<&'static str> {
 /// ```
 pub fn init() -> Result<ProcessGroup> {
     crate::install_debug_subscriber();
-    init_backend(&chosen_backend())
+    let backend = chosen_backend();
+    let group = init_backend(&backend)?;
+    tracing::info!(
+        rank = group.rank(),
+        world = group.world_size(),
+        %backend,
+        native = group.transport().native_collectives().is_some(),
+        "the world group is up; {}",
+        crate::select::Settings::plan()
+    );
+    Ok(group)
 }
 
 /// The backend `RLX_BACKEND` names, or the default one.

@@ -246,6 +246,17 @@ impl Settings {
         capped.max(elem_size.max(1))
     }
 
+    /// How [`Algorithm::Auto`] chooses, in words, for the start-up line of `init()`; a choice
+    /// forced later with `set_algorithm` is logged there.
+    pub(crate) fn plan() -> String {
+        let small = SMALL_MESSAGE_BYTES >> 10;
+        format!(
+            "all_reduce: recursive doubling up to {small} KiB per rank, ring above; \
+             all_gather: Bruck up to {small} KiB gathered, ring above; broadcast: binomial \
+             tree up to {small} KiB or on 2 ranks, pipelined chain above"
+        )
+    }
+
     /// The all-reduce algorithm for `bytes` per rank on `world` ranks.
     pub(crate) fn all_reduce(&self, bytes: usize, world: u32) -> Algorithm {
         let chosen = match self.all_reduce {

@@ -18,6 +18,9 @@ use rlx_transport::CollectiveError;
 pub(crate) enum Lost {
     /// Closed, reset or crashed; the reason names the address.
     Gone(String),
+    /// Closed its transport on purpose (its close frame arrived): the end of its part of the
+    /// job, an error only for a receive that still waits for it. The reason names the address.
+    Departed(String),
     /// Sent bytes that break the protocol.
     Protocol(String),
 }
@@ -25,7 +28,7 @@ pub(crate) enum Lost {
 impl Lost {
     pub(crate) fn error(&self, peer: u32) -> CollectiveError {
         match self {
-            Lost::Gone(reason) => CollectiveError::PeerLost {
+            Lost::Gone(reason) | Lost::Departed(reason) => CollectiveError::PeerLost {
                 peer,
                 reason: reason.clone(),
             },

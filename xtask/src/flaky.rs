@@ -66,6 +66,7 @@ pub(crate) const DEFAULT_TARGETS: &[&str] = &[
     "heap_over_tcp",
     // rlx-collective: processes, faults and the counts of what went on the wire.
     "abort",
+    "clean_exit",
     "compressed_tcp",
     "examples",
     "failure_propagation",

@@ -1,7 +1,7 @@
 //! Changing who is in a group: [`ProcessGroup::shrink`] forms a new group of the members that
-//! are still alive (the agreement itself lives in the `shrink` module), and
+//! are still alive (the agreement itself lives in the `shrink` module),
 //! [`ProcessGroup::grow`] admits new processes (through the transport's
-//! [`Admission`](crate::Admission)).
+//! [`Admission`](crate::Admission)), and [`ProcessGroup::finalize`] leaves at the end.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,6 +20,34 @@ const GROWTH_FAILED: u8 = 0;
 const GROWTH_PLANNED: u8 = 1;
 
 impl ProcessGroup {
+    /// Ends this rank's part in the group, as `MPI_Finalize` does: waits until every member
+    /// has called `finalize` (a barrier), so that no rank's leaving can fail an operation
+    /// another member still runs, then drops this handle.
+    ///
+    /// The transport closes once its last handle is gone (clones of this group, groups split
+    /// from it, handles of non-blocking operations). Its peers take the close as the end of
+    /// the job, not as a failure: it is logged at `debug`, and only a receive that still
+    /// waits for this rank fails, with [`CollectiveError::PeerLost`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rlx_collective::{MemTransport, ProcessGroup, Transport};
+    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(3).into_iter()
+    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
+    /// std::thread::scope(|s| {
+    ///     for group in world {
+    ///         s.spawn(move || group.finalize().unwrap());
+    ///     }
+    /// });
+    /// ```
+    pub fn finalize(self) -> Result<()> {
+        self.barrier()?;
+        drop(self);
+        Ok(())
+    }
+
     /// Collective over the survivors: forms a new group of the members of this group that are
     /// still alive, so that a job goes on after losing a rank. Call it on every surviving
     /// member after an operation failed fatally (a [`CollectiveError::GroupFailed`],

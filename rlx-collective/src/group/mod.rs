@@ -320,7 +320,9 @@ impl ProcessGroup {
                 )));
             }
         }
-        self.shared.settings.lock().set(op, algorithm)
+        self.shared.settings.lock().set(op, algorithm)?;
+        tracing::info!(group = self.shared.group_id, %op, %algorithm, "algorithm forced");
+        Ok(())
     }
 
     /// Whether `algorithm` can run `op` on this group: it is one of `op`'s algorithms and,

@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use rlx_transport::bootstrap::resolve;
+use rlx_transport::interfaces::InterfaceAddress;
 use rlx_transport::{CollectiveError, Rendezvous};
 
 use crate::auth::random_bytes;
@@ -53,6 +54,26 @@ use store::{register, serve_store};
 
 fn io_err(peer: Option<u32>, source: io::Error) -> CollectiveError {
     CollectiveError::Io { peer, source }
+}
+
+/// Says at `info` how `peer`'s traffic travels: the sockets, their interface and both ends.
+/// Ranks of this host may move to shared memory later; the engine says so when they do.
+fn log_peer_path(peer: usize, streams: &[TcpStream], interfaces: &[InterfaceAddress]) {
+    let Some(first) = streams.first() else {
+        return;
+    };
+    let (local, remote) = (first.local_addr().ok(), first.peer_addr().ok());
+    let interface = local
+        .and_then(|l| interfaces.iter().find(|i| i.addr == Some(l.ip())))
+        .map_or("?", |i| i.name.as_str());
+    tracing::info!(
+        peer,
+        sockets = streams.len(),
+        interface,
+        local = ?local,
+        remote = ?remote,
+        "peer {peer}: TCP over {interface}"
+    );
 }
 
 /// Establishes every link of this rank; see the module docs.
@@ -157,6 +178,8 @@ pub(crate) fn establish(cfg: &BootConfig) -> Result<Established, CollectiveError
         slots[rank as usize][link as usize] = Some(stream);
     }
     let mut addrs = vec![None; world];
+    // Which interface carries each peer's traffic, for the start-up lines (`RLX_DEBUG=info`).
+    let interfaces = rlx_transport::interfaces::addresses().unwrap_or_default();
     for (rank, row) in slots.into_iter().enumerate() {
         if rank == cfg.rank as usize {
             continue;
@@ -171,7 +194,7 @@ pub(crate) fn establish(cfg: &BootConfig) -> Result<Established, CollectiveError
             }
             links[rank].push(stream);
         }
-        tracing::debug!(peer = rank, addr = ?addrs[rank], links = cfg.links, "link up");
+        log_peer_path(rank, &links[rank], &interfaces);
     }
     tracing::info!(elapsed = ?started.elapsed(), "every link is up");
     Ok(Established { links, addrs })

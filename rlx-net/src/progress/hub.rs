@@ -65,6 +65,9 @@ pub(crate) struct Hub {
     pub(crate) state: Mutex<State>,
     changed: Condvar,
     aborted: AtomicBool,
+    /// Set when this rank closes its transport: the ends of links it then reads are its own
+    /// doing or the other ranks' departures, not failures worth a warning.
+    closing: AtomicBool,
     /// Threads waiting on `changed`; notifying costs a system call, so only when non-zero.
     sleepers: AtomicUsize,
 }
@@ -79,6 +82,7 @@ impl Hub {
             state: Mutex::new(State::new(world, links, budget, min_striped)),
             changed: Condvar::new(),
             aborted: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
         }
     }
@@ -135,14 +139,24 @@ impl Hub {
         }
         st.aborted = true;
         self.aborted.store(true, Ordering::SeqCst);
-        tracing::info!("transport aborted: every blocked call fails with Aborted");
         true
+    }
+
+    /// Notes that this rank is closing its transport (see [`Hub::lose`]).
+    pub(crate) fn begin_close(&self) {
+        self.closing.store(true, Ordering::SeqCst);
     }
 
     /// Marks `peer` lost, shuts its connections down and wakes everyone.
     pub(crate) fn lose<L: Links>(&self, links: &L, peer: u32, lost: Lost) {
+        let closing = self.closing.load(Ordering::SeqCst);
         match &lost {
+            Lost::Gone(reason) if closing => {
+                tracing::debug!(peer, %reason, "link ended while closing")
+            }
             Lost::Gone(reason) => tracing::warn!(peer, %reason, "peer lost"),
+            // A departure is how every job ends: no warning, in case nobody needed the peer.
+            Lost::Departed(reason) => tracing::debug!(peer, %reason, "peer closed its transport"),
             Lost::Protocol(detail) => tracing::warn!(peer, %detail, "peer broke the protocol"),
         }
         lock(&self.state).mark_lost(peer, lost);

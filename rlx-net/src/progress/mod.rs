@@ -327,14 +327,23 @@ impl Engine {
 
     /// Wakes every blocked call with `Aborted`, shuts every socket down; idempotent.
     pub(crate) fn abort(&self) {
+        if self.stop() {
+            tracing::info!("transport aborted: every blocked call fails with Aborted");
+        }
+    }
+
+    /// What [`Engine::abort`] and [`Engine::close`] share: records the end, wakes every
+    /// blocked call and shuts the sockets down. Returns `false` when it had ended before.
+    fn stop(&self) -> bool {
         if !self.hub.abort() {
-            return;
+            return false;
         }
         let _ = (&self.abort_tx).write_all_nonblocking(b"!");
         for peer in self.peers.iter().flatten() {
             peer.shutdown();
         }
         self.hub.wake();
+        true
     }
 
     pub(crate) fn is_aborted(&self) -> bool {
@@ -343,6 +352,7 @@ impl Engine {
 
     /// Says goodbye on every link (best effort, never blocking), then shuts everything down.
     pub(crate) fn close(&self) {
+        self.hub.begin_close();
         if !self.is_aborted() {
             let close = FrameHeader::whole(FrameKind::Close, Tag::from_raw(0), 0, 0).encode();
             for peer in self.peers.iter().flatten() {
@@ -364,6 +374,9 @@ impl Engine {
                 }
             }
         }
-        self.abort();
+        // The end of every job: not worth more than a debug line.
+        if self.stop() {
+            tracing::debug!("transport closed");
+        }
     }
 }

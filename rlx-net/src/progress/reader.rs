@@ -148,7 +148,7 @@ impl Engine {
             FrameKind::Close => {
                 let addr = self.peers.get(from as usize).and_then(|p| p.as_ref());
                 let addr = addr.map_or("an unknown address", |p| p.addr.as_str());
-                Err(Lost::Gone(format!(
+                Err(Lost::Departed(format!(
                     "it closed its transport (connection to {addr})"
                 )))
             }

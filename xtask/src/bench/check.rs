@@ -148,7 +148,9 @@ pub(crate) fn count_wrong_within(
                 .ok()
                 .and_then(|i| decode(dtype, bytes, i))
             {
-                Some(got) => (got - want).abs() > allowed(want),
+                // A NaN compares false with everything, so it is named; an infinity where a
+                // finite value was expected is off by more than any tolerance.
+                Some(got) => got.is_nan() || (got - want).abs() > allowed(want),
                 None => true,
             }
         })
@@ -180,6 +182,14 @@ mod tests {
                 count_wrong(dtype, &bytes[..dtype.size()], 300, |i| data_value(3, i)),
                 299
             );
+        }
+    }
+
+    #[test]
+    fn nan_and_infinity_count_as_wrong() {
+        for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+            let bytes = encode(dtype, [f64::NAN, f64::INFINITY, 2.0].into_iter());
+            assert_eq!(count_wrong(dtype, &bytes, 3, |_| 2.0), 2, "{dtype}");
         }
     }
 

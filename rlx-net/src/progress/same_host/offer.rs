@@ -134,7 +134,11 @@ impl Engine {
         }
         if self.single_copy_on() {
             match cross_memory::write_word(pid, word(16), 1) {
-                Ok(()) => tracing::debug!(peer, pid, "single-copy offer taken"),
+                Ok(()) => tracing::info!(
+                    peer,
+                    pid,
+                    "peer {peer}: on this host; large messages by single copy (cross-memory attach)"
+                ),
                 Err(e) => tracing::debug!(peer, pid, %e, "single-copy offer not answered"),
             }
         }
@@ -213,7 +217,10 @@ impl Engine {
         rx.start = rx.end;
         rx.header = None;
         link.switch_to_lane(lane);
-        tracing::debug!(peer = from, "link 0 reads the shared-memory lane");
+        tracing::info!(
+            peer = from,
+            "peer {from}: its messages arrive through a shared-memory lane"
+        );
         Ok(())
     }
 }
