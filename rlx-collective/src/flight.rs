@@ -49,10 +49,15 @@ pub struct FlightEntry {
     pub group: u16,
     /// This rank's world rank.
     pub rank: u32,
-    /// The operation's sequence number in the group.
+    /// The operation's sequence number in the group; for a point-to-point call its number
+    /// among this rank's point-to-point calls in the group.
     pub seq: u32,
-    /// The operation (`"all_reduce"`, `"barrier"`, ...).
+    /// The operation (`"all_reduce"`, `"barrier"`, ..., or `"send"`, `"recv"`, `"send_recv"`).
     pub op: &'static str,
+    /// For a point-to-point call, the world rank on the other side (the source of a receive).
+    pub peer: Option<u32>,
+    /// For a point-to-point call, its user tag.
+    pub tag: Option<u32>,
     /// The element type, once the operation started (`"f32"`, ...).
     pub dtype: Option<&'static str>,
     /// Elements per rank of its input, once it started.
@@ -81,6 +86,10 @@ pub(crate) struct FlightRecorder {
     epoch_us: u64,
     started: Instant,
     slots: Mutex<Vec<Option<FlightEntry>>>,
+    /// The point-to-point calls, a ring of their own: they are outside the group's sequence,
+    /// and a loop of them must not push the collectives out of the record.
+    point_to_point: Mutex<Vec<Option<FlightEntry>>>,
+    next_point_to_point: AtomicU32,
     /// 0 for the job's first world; k for a world grown k times (`ProcessGroup::grow`), whose
     /// ranks are numbered anew and so write files of their own.
     generation: AtomicU32,
@@ -99,6 +108,8 @@ impl FlightRecorder {
             epoch_us,
             started: Instant::now(),
             slots: Mutex::new(vec![None; entries.max(1)]),
+            point_to_point: Mutex::new(vec![None; entries.max(1)]),
+            next_point_to_point: AtomicU32::new(0),
             generation: AtomicU32::new(0),
         }
     }
@@ -119,23 +130,64 @@ impl FlightRecorder {
 
     /// Records that operation `seq` (`op`) was issued.
     pub(crate) fn issued(&self, seq: u32, op: &'static str) {
-        let issued_us = self.now_us();
+        let entry = self.entry(seq, op, FlightState::Issued);
         let mut slots = self.slots.lock();
         let len = slots.len();
-        slots[seq as usize % len] = Some(FlightEntry {
+        slots[seq as usize % len] = Some(entry);
+    }
+
+    /// Records that a point-to-point call (`op`) with world rank `peer` under user tag `tag`
+    /// started, moving elements of `dtype` (`elements` of them when known: a receive learns
+    /// its length only when the message arrives); returns its number for
+    /// [`FlightRecorder::point_to_point_ended`].
+    pub(crate) fn point_to_point_started(
+        &self,
+        op: &'static str,
+        (peer, tag): (u32, u32),
+        dtype: &'static str,
+        elements: Option<u64>,
+    ) -> u32 {
+        let seq = self.next_point_to_point.fetch_add(1, Ordering::Relaxed);
+        let mut entry = self.entry(seq, op, FlightState::Running);
+        entry.peer = Some(peer);
+        entry.tag = Some(tag);
+        entry.waiting_on = Some(peer);
+        entry.dtype = Some(dtype);
+        entry.elements = elements;
+        let mut slots = self.point_to_point.lock();
+        let len = slots.len();
+        slots[seq as usize % len] = Some(entry);
+        seq
+    }
+
+    /// Point-to-point call `seq` ended, with `error` if it failed.
+    pub(crate) fn point_to_point_ended(&self, seq: u32, error: Option<&CollectiveError>) {
+        let ended_us = self.now_us();
+        let mut slots = self.point_to_point.lock();
+        let len = slots.len();
+        if let Some(entry) = slots[seq as usize % len].as_mut().filter(|e| e.seq == seq) {
+            finish(entry, ended_us, error);
+        }
+    }
+
+    /// A new entry of this recorder's group and rank.
+    fn entry(&self, seq: u32, op: &'static str, state: FlightState) -> FlightEntry {
+        FlightEntry {
             group: self.group,
             rank: self.rank,
             seq,
             op,
+            peer: None,
+            tag: None,
             dtype: None,
             elements: None,
             algorithm: None,
-            state: FlightState::Issued,
+            state,
             waiting_on: None,
-            issued_us,
+            issued_us: self.now_us(),
             ended_us: None,
             error: None,
-        });
+        }
     }
 
     /// Applies `change` to operation `seq`'s entry, if the ring still holds it.
@@ -173,22 +225,18 @@ impl FlightRecorder {
     /// Operation `seq` ended, with `error` if it failed.
     pub(crate) fn ended(&self, seq: u32, error: Option<&CollectiveError>) {
         let ended_us = self.now_us();
-        self.update(seq, |e| {
-            e.ended_us = Some(ended_us);
-            match error {
-                Some(error) => {
-                    e.state = FlightState::Failed;
-                    e.error = Some(error.to_string());
-                }
-                None => e.state = FlightState::Done,
-            }
-        });
+        self.update(seq, |e| finish(e, ended_us, error));
     }
 
-    /// The recorded operations, oldest first.
+    /// The recorded collectives, oldest first, then the point-to-point calls, oldest first.
     pub(crate) fn snapshot(&self) -> Vec<FlightEntry> {
-        let mut entries: Vec<FlightEntry> = self.slots.lock().iter().flatten().cloned().collect();
-        entries.sort_by_key(|e| e.seq);
+        let ring = |slots: &Mutex<Vec<Option<FlightEntry>>>| {
+            let mut entries: Vec<FlightEntry> = slots.lock().iter().flatten().cloned().collect();
+            entries.sort_by_key(|e| e.seq);
+            entries
+        };
+        let mut entries = ring(&self.slots);
+        entries.extend(ring(&self.point_to_point));
         entries
     }
 
@@ -242,6 +290,18 @@ impl FlightRecorder {
                 tracing::warn!(path = %path.display(), %error, "could not write the flight record");
             }
         }
+    }
+}
+
+/// Marks `entry` ended at `ended_us`: failed with `error`, or done.
+fn finish(entry: &mut FlightEntry, ended_us: u64, error: Option<&CollectiveError>) {
+    entry.ended_us = Some(ended_us);
+    match error {
+        Some(error) => {
+            entry.state = FlightState::Failed;
+            entry.error = Some(error.to_string());
+        }
+        None => entry.state = FlightState::Done,
     }
 }
 

@@ -29,6 +29,9 @@ pub(crate) struct Entry {
     pub(crate) rank: u32,
     pub(crate) seq: u32,
     pub(crate) op: String,
+    /// For a point-to-point call: the world rank on the other side, and the user tag.
+    pub(crate) peer: Option<u32>,
+    pub(crate) tag: Option<u32>,
     pub(crate) dtype: Option<String>,
     pub(crate) elements: Option<u64>,
     pub(crate) algorithm: Option<String>,
@@ -38,10 +41,28 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
+    /// Whether it is a point-to-point call (outside the group's sequence).
+    fn is_point_to_point(&self) -> bool {
+        self.peer.is_some()
+    }
+
     fn describe(&self) -> String {
-        let mut text = format!("{} #{}", self.op, self.seq);
-        if let (Some(dtype), Some(elements)) = (&self.dtype, self.elements) {
-            let _ = write!(text, " of {elements} {dtype}");
+        let mut text = match (self.peer, self.tag) {
+            (Some(peer), Some(tag)) if self.op == "send" => {
+                format!("send(to {peer}, tag {tag})")
+            }
+            (Some(peer), Some(tag)) => format!("{}(from {peer}, tag {tag})", self.op),
+            _ => format!("{} #{}", self.op, self.seq),
+        };
+        match (&self.dtype, self.elements) {
+            (Some(dtype), Some(elements)) => {
+                let _ = write!(text, " of {elements} {dtype}");
+            }
+            // A receive before its message arrived knows only the type it expects.
+            (Some(dtype), None) => {
+                let _ = write!(text, " of {dtype}");
+            }
+            _ => {}
         }
         if let Some(algorithm) = &self.algorithm {
             let _ = write!(text, " by {algorithm}");
@@ -158,11 +179,22 @@ pub(crate) fn diagnose(entries: &[Entry], world: Option<u32>) -> String {
     for group in groups {
         // rank -> seq -> entry
         let mut ranks: BTreeMap<u32, BTreeMap<u32, &Entry>> = BTreeMap::new();
-        for entry in entries.iter().filter(|e| e.group == group) {
+        let calls: Vec<&Entry> = entries
+            .iter()
+            .filter(|e| e.group == group && e.is_point_to_point())
+            .collect();
+        for entry in entries
+            .iter()
+            .filter(|e| e.group == group && !e.is_point_to_point())
+        {
             ranks
                 .entry(entry.rank)
                 .or_default()
                 .insert(entry.seq, entry);
+        }
+        // A rank that made only point-to-point calls has a record too.
+        for call in &calls {
+            ranks.entry(call.rank).or_default();
         }
         let present: Vec<String> = ranks.keys().map(ToString::to_string).collect();
         let _ = writeln!(
@@ -186,8 +218,10 @@ pub(crate) fn diagnose(entries: &[Entry], world: Option<u32>) -> String {
                 .max();
             let unfinished: Vec<String> = ops
                 .values()
+                .copied()
+                .chain(calls.iter().copied().filter(|c| c.rank == *rank))
                 .filter(|e| e.state != "done")
-                .map(|e| e.describe())
+                .map(Entry::describe)
                 .collect();
             let done = done.map_or_else(|| "nothing".to_owned(), |s| format!("up to #{s}"));
             let now = if unfinished.is_empty() {
@@ -234,6 +268,9 @@ pub(crate) fn diagnose(entries: &[Entry], world: Option<u32>) -> String {
             }
             break;
         }
+        for line in unmatched_messages(&calls) {
+            let _ = writeln!(out, "  {line}");
+        }
         for seq in from..=to {
             let names: BTreeMap<&str, Vec<u32>> =
                 ranks
@@ -254,6 +291,45 @@ pub(crate) fn diagnose(entries: &[Entry], world: Option<u32>) -> String {
         }
     }
     out
+}
+
+/// For every receive still waiting, the messages its source sent to it under other tags that
+/// it never received: the usual cause of a point-to-point hang (a wrong tag).
+fn unmatched_messages(calls: &[&Entry]) -> Vec<String> {
+    let mut lines = Vec::new();
+    let waiting = calls
+        .iter()
+        .filter(|c| c.state != "done" && c.op != "send" && c.tag.is_some());
+    for wait in waiting {
+        let (Some(source), Some(wanted)) = (wait.peer, wait.tag) else {
+            continue;
+        };
+        let received = |tag: Option<u32>| {
+            calls.iter().any(|c| {
+                c.rank == wait.rank && c.peer == Some(source) && c.tag == tag && c.state == "done"
+            })
+        };
+        for sent in calls.iter().filter(|c| {
+            c.rank == source
+                && c.op == "send"
+                && c.peer == Some(wait.rank)
+                && c.tag != Some(wanted)
+                && !received(c.tag)
+        }) {
+            let what = match (sent.elements, &sent.dtype) {
+                (Some(n), Some(dtype)) => format!(" ({n} × {dtype})"),
+                _ => String::new(),
+            };
+            lines.push(format!(
+                "unreceived: rank {source} sent tag {}{what} to rank {}; rank {} waits for tag \
+                 {wanted}",
+                sent.tag.unwrap_or_default(),
+                wait.rank,
+                wait.rank
+            ));
+        }
+    }
+    lines
 }
 
 #[cfg(test)]
@@ -335,6 +411,8 @@ mod tests {
             rank,
             seq: 7,
             op: op.to_owned(),
+            peer: None,
+            tag: None,
             dtype: Some("f32".to_owned()),
             elements: Some(8),
             algorithm: Some("ring".to_owned()),
@@ -349,6 +427,43 @@ mod tests {
         );
         assert!(
             report.contains("all_reduce #7 of 8 f32 by ring (running, waiting on rank 1)"),
+            "{report}"
+        );
+    }
+
+    /// Rank 0 sends under tag 7 while rank 1 waits for tag 8: the receive times out (no
+    /// message under tag 8 ever comes, so the outcome does not depend on timing), and the
+    /// report of both records shows rank 1's receive as unfinished and names the message it
+    /// never received, with its length in elements and its type.
+    #[test]
+    fn a_receive_on_the_wrong_tag_is_named_with_the_message_it_missed() {
+        let world = MemTransport::fan_out_with_timeout(2, Duration::from_millis(200));
+        let groups: Vec<ProcessGroup> = world
+            .into_iter()
+            .map(|t| ProcessGroup::new(t as Arc<dyn Transport>))
+            .collect();
+        groups[0]
+            .send(1, 7, &[half::bf16::from_f32(1.0); 1024])
+            .expect("a send into the peer's queue");
+        let missed = groups[1].recv::<half::bf16>(0, 8);
+        assert!(
+            matches!(missed, Err(rlx_collective::CollectiveError::Timeout { .. })),
+            "{missed:?}"
+        );
+        let entries: Vec<Entry> = groups
+            .iter()
+            .flat_map(ProcessGroup::flight_record)
+            .map(|e| serde_json::from_str(&serde_json::to_string(&e).unwrap()).unwrap())
+            .collect();
+        let report = diagnose(&entries, Some(2));
+        assert!(
+            report.contains("rank 1: completed nothing; recv(from 0, tag 8) of bf16 (failed"),
+            "{report}"
+        );
+        assert!(
+            report.contains(
+                "unreceived: rank 0 sent tag 7 (1024 × bf16) to rank 1; rank 1 waits for tag 8"
+            ),
             "{report}"
         );
     }

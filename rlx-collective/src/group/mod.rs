@@ -235,9 +235,10 @@ impl ProcessGroup {
         &self.shared.transport
     }
 
-    /// The group's recent operations, oldest first (at most
-    /// [`DEFAULT_FLIGHT_ENTRIES`](crate::flight::DEFAULT_FLIGHT_ENTRIES)): what each was doing,
-    /// the peer it last waited on, and how it ended. See the [`flight`](crate::flight) module.
+    /// The group's recent collectives, oldest first, then its recent point-to-point calls
+    /// (each at most [`DEFAULT_FLIGHT_ENTRIES`](crate::flight::DEFAULT_FLIGHT_ENTRIES)): what
+    /// each was doing, the peer it last waited on (and a point-to-point call's tag), and how it
+    /// ended. See the [`flight`](crate::flight) module.
     ///
     /// # Examples
     ///

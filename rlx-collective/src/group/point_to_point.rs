@@ -100,9 +100,11 @@ impl ProcessGroup {
     pub fn recv_into<T: Element>(&self, from: u32, tag: u32, buf: &mut [T]) -> Result<usize> {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
         let slice = slice_for(bytes.len());
-        let (peer, len) = self.receive(from, tag, slice, |transport, peer, tag, deadline| {
-            transport.recv_message_into(peer, tag, bytes, deadline)
-        })?;
+        let record = ("recv", T::DTYPE, None);
+        let (peer, len) =
+            self.receive((from, tag), slice, record, |transport, peer, tag, end| {
+                transport.recv_message_into(peer, tag, bytes, end)
+            })?;
         whole_elements(peer, len, T::DTYPE)
     }
 
@@ -111,16 +113,38 @@ impl ProcessGroup {
     /// See the example of [`ProcessGroup::send`].
     pub fn send_typed(&self, to: u32, tag: u32, data: &[u8], dtype: DType) -> Result<()> {
         crate::check_dtype_len(data.len(), dtype)?;
+        let user_tag = tag;
         let tag = Tag::user(tag)?;
         let peer = self.world_peer(to)?;
-        let watch = self.watch();
-        watch.check()?;
-        watch
-            .answering_while_blocked(peer, || {
-                self.shared.transport.send_message(peer, tag, &[data])
-            })
-            .map_err(|error| watch.blame(error))
-            .inspect_err(|error| watch.on_failure(error))
+        let elements = (data.len() / dtype.size()) as u64;
+        self.recorded("send", (peer, user_tag), dtype, Some(elements), || {
+            let watch = self.watch();
+            watch.check()?;
+            watch
+                .answering_while_blocked(peer, || {
+                    self.shared.transport.send_message(peer, tag, &[data])
+                })
+                .map_err(|error| watch.blame(error))
+                .inspect_err(|error| watch.on_failure(error))
+        })
+    }
+
+    /// Runs the point-to-point call `call` (`op` with world rank `peer` under user tag `tag`,
+    /// moving `dtype` elements, `elements` of them when known) as an entry of the flight
+    /// recorder.
+    fn recorded<R>(
+        &self,
+        op: &'static str,
+        (peer, tag): (u32, u32),
+        dtype: DType,
+        elements: Option<u64>,
+        call: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        let flight = &self.shared.flight;
+        let seq = flight.point_to_point_started(op, (peer, tag), dtype.name(), elements);
+        let result = call();
+        flight.point_to_point_ended(seq, result.as_ref().err());
+        result
     }
 
     /// Receives the next message from group rank `from` under the user tag `tag` as `dtype`
@@ -128,10 +152,13 @@ impl ProcessGroup {
     ///
     /// See the example of [`ProcessGroup::send`].
     pub fn recv_typed(&self, from: u32, tag: u32, dtype: DType) -> Result<Vec<u8>> {
-        let (peer, bytes) =
-            self.receive(from, tag, NOTICE_SLICE, |transport, peer, tag, deadline| {
-                transport.recv_message(peer, tag, deadline)
-            })?;
+        let record = ("recv", dtype, None);
+        let (peer, bytes) = self.receive(
+            (from, tag),
+            NOTICE_SLICE,
+            record,
+            |transport, peer, tag, end| transport.recv_message(peer, tag, end),
+        )?;
         whole_elements(peer, bytes.len(), dtype)?;
         Ok(bytes)
     }
@@ -147,9 +174,11 @@ impl ProcessGroup {
         dtype: DType,
     ) -> Result<usize> {
         let slice = slice_for(buf.len());
-        let (peer, len) = self.receive(from, tag, slice, |transport, peer, tag, deadline| {
-            transport.recv_message_into(peer, tag, buf, deadline)
-        })?;
+        let record = ("recv", dtype, None);
+        let (peer, len) =
+            self.receive((from, tag), slice, record, |transport, peer, tag, end| {
+                transport.recv_message_into(peer, tag, buf, end)
+            })?;
         whole_elements(peer, len, dtype)
     }
 
@@ -211,15 +240,21 @@ impl ProcessGroup {
         let mut sent = false;
         let slice = slice_for(buf.len());
         let watch = self.watch();
-        let (peer, len) = self.receive(from, tag, slice, |transport, peer, tag, deadline| {
-            if std::mem::replace(&mut sent, true) {
-                transport.recv_message_into(peer, tag, buf, deadline)
-            } else {
-                watch.answering_while_blocked(to, || {
-                    transport.send_recv_into(to, peer, tag, &[data], buf, deadline)
-                })
-            }
-        })?;
+        let record = ("send_recv", dtype, Some((data.len() / dtype.size()) as u64));
+        let (peer, len) = self.receive(
+            (from, tag),
+            slice,
+            record,
+            |transport, peer, tag, deadline| {
+                if std::mem::replace(&mut sent, true) {
+                    transport.recv_message_into(peer, tag, buf, deadline)
+                } else {
+                    watch.answering_while_blocked(to, || {
+                        transport.send_recv_into(to, peer, tag, &[data], buf, deadline)
+                    })
+                }
+            },
+        )?;
         whole_elements(peer, len, dtype)
     }
 
@@ -231,32 +266,40 @@ impl ProcessGroup {
     /// while a large message lands in the buffer moves it into a copy of the transport's.
     fn receive<R>(
         &self,
-        from: u32,
-        tag: u32,
+        (from, tag): (u32, u32),
         slice: Duration,
+        record: Recorded,
         mut receive: impl FnMut(&dyn Transport, u32, Tag, Duration) -> Result<Option<R>>,
     ) -> Result<(u32, R)> {
+        let user_tag = tag;
         let tag = Tag::user(tag)?;
         let peer = self.world_peer(from)?;
         let after = self.shared.transport.op_timeout();
-        let watch = self.watch();
         let transport = self.shared.transport.as_ref();
-        watch
-            .wait(after, slice, peer, |deadline| {
-                receive(transport, peer, tag, deadline)
-            })
-            .and_then(|got| {
-                got.ok_or(CollectiveError::Timeout {
-                    peer: Some(peer),
-                    op: "recv",
-                    after,
+        let (op, dtype, elements) = record;
+        self.recorded(op, (peer, user_tag), dtype, elements, || {
+            let watch = self.watch();
+            watch
+                .wait(after, slice, peer, |deadline| {
+                    receive(transport, peer, tag, deadline)
                 })
-            })
-            .map(|got| (peer, got))
-            .map_err(|error| watch.blame(error))
-            .inspect_err(|error| watch.on_failure(error))
+                .and_then(|got| {
+                    got.ok_or(CollectiveError::Timeout {
+                        peer: Some(peer),
+                        op: "recv",
+                        after,
+                    })
+                })
+                .map(|got| (peer, got))
+                .map_err(|error| watch.blame(error))
+                .inspect_err(|error| watch.on_failure(error))
+        })
     }
 }
+
+/// How a receive appears in the flight recorder: the operation's name, the element type and,
+/// when known before the message arrives, the element count (what an exchange sends).
+type Recorded = (&'static str, DType, Option<u64>);
 
 /// The number of `dtype` elements in a message of `len` bytes from world rank `peer`, or the
 /// protocol error when it is not a whole number.
