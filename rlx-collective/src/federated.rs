@@ -117,6 +117,7 @@ fn run_root(
                     peer: ctx.world_rank(rank).ok(),
                     expected: expected as u64,
                     got: bytes.len() as u64,
+                    dtype: None,
                 };
                 // The members wait on the result phase, so that is where they must hear it.
                 ctx.phase(1).notify_failure(&error);
@@ -162,6 +163,7 @@ fn run_member(ctx: &OpCtx<'_>, data: &mut [f32], deadline: Duration) -> Result<(
             peer: ctx.world_rank(0).ok(),
             expected: expected as u64,
             got: bytes.len() as u64,
+            dtype: None,
         });
     }
     for (x, v) in data.iter_mut().zip(le_f32s(&bytes[8..])) {

@@ -20,7 +20,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::{CollectiveError, Result};
+use crate::{CollectiveError, DType, Result};
 
 pub use crate::env::FLIGHT_DIR_VAR;
 
@@ -210,6 +210,13 @@ impl FlightRecorder {
             e.dtype = Some(dtype);
             e.elements = Some(elements);
         });
+    }
+
+    /// The element type operation `seq` moves, once it started and while the ring holds it.
+    pub(crate) fn dtype(&self, seq: u32) -> Option<DType> {
+        let slots = self.slots.lock();
+        let entry = slots[seq as usize % slots.len()].as_ref()?;
+        entry.dtype.filter(|_| entry.seq == seq)?.parse().ok()
     }
 
     /// Operation `seq` runs on `algorithm`.

@@ -359,6 +359,7 @@ impl<'a> OpCtx<'a> {
                 peer: Some(peer),
                 expected: expected as u64,
                 got: got as u64,
+                dtype: None,
             }),
             None => Err(self.timed_out(peer, self.timeout)),
         }
@@ -410,21 +411,24 @@ impl<'a> OpCtx<'a> {
         self.watch.answer_probes(waits_on)
     }
 
-    /// The error this rank reports for `error`: a length mismatch names this operation (the
-    /// transport it came through knows only that it received), and a timeout waiting on a
-    /// member names the rank that is really unresponsive (see [`Watch::blame`]).
+    /// The error this rank reports for `error`: a length mismatch names this operation and
+    /// its element type (the transport it came through knows only that it received bytes),
+    /// and a timeout waiting on a member names the rank that is really unresponsive (see
+    /// [`Watch::blame`]).
     pub(crate) fn explain(&self, error: CollectiveError) -> CollectiveError {
         match error {
             CollectiveError::LengthMismatch {
                 peer,
                 expected,
                 got,
+                dtype,
                 ..
             } => CollectiveError::LengthMismatch {
                 op: self.name(),
                 peer,
                 expected,
                 got,
+                dtype: dtype.or_else(|| self.flight.dtype(self.seq)),
             },
             other => self.watch.blame(other),
         }

@@ -15,7 +15,8 @@ use rlx_collective::{
 const OP_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Checks that every rank failed with a `LengthMismatch` that names a collective (not the
-/// transport's receive it came through) and another rank, in its text too.
+/// transport's receive it came through) and another rank, in its text too, with the lengths
+/// in elements of the operation's type.
 fn assert_length_mismatch(results: Vec<Result<(), CollectiveError>>, what: &str) {
     for (rank, result) in (0u32..).zip(results) {
         match result {
@@ -30,7 +31,7 @@ fn assert_length_mismatch(results: Vec<Result<(), CollectiveError>>, what: &str)
                 assert!(
                     text.starts_with(&format!(
                         "{op}: length mismatch with rank {peer}: expected "
-                    )) && text.contains(" bytes, got "),
+                    )) && text.contains(" elements, got "),
                     "{what}: rank {rank}: {text}"
                 );
             }
@@ -58,16 +59,18 @@ fn a_length_mismatch_says_which_operation_and_which_rank() {
                 .unwrap_or_default()
         })
         .collect();
-    // Each rank names the other; the bytes are those of whichever side found the mismatch.
+    // Each rank names the other; the lengths are those of whichever side found the mismatch.
     for (rank, text) in texts.iter().enumerate() {
         let other = 1 - rank;
         assert!(
             [
                 format!(
-                    "all_reduce: length mismatch with rank {other}: expected 4000 bytes, got 4004"
+                    "all_reduce: length mismatch with rank {other}: expected 1000 f32 elements, \
+                     got 1001 (4000 and 4004 bytes)"
                 ),
                 format!(
-                    "all_reduce: length mismatch with rank {other}: expected 4004 bytes, got 4000"
+                    "all_reduce: length mismatch with rank {other}: expected 1001 f32 elements, \
+                     got 1000 (4004 and 4000 bytes)"
                 ),
             ]
             .contains(text),

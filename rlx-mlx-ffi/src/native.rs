@@ -154,6 +154,7 @@ impl ReducePlan {
                 peer: None,
                 expected: (count * self.wire.size()) as u64,
                 got: wire.len() as u64,
+                dtype: None,
             });
         }
         let mean = self.reduce == ReduceKind::Mean;

@@ -310,6 +310,7 @@ fn check_world_blocks(op: &'static str, block: usize, whole: usize, world: u32) 
             peer: None,
             expected,
             got: whole as u64,
+            dtype: None,
         });
     }
     Ok(())

@@ -68,6 +68,7 @@ fn owned(from: u32, outcome: Outcome) -> Result<Vec<u8>, CollectiveError> {
             peer: Some(from),
             expected: capacity as u64,
             got,
+            dtype: None,
         }),
     }
 }

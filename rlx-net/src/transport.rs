@@ -159,6 +159,7 @@ impl TcpTransport {
                 peer: Some(from),
                 expected: capacity as u64,
                 got,
+                dtype: None,
             }),
         }
     }
@@ -296,6 +297,7 @@ fn into_buffer(
                     peer: Some(from),
                     expected: capacity as u64,
                     got: bytes.len() as u64,
+                    dtype: None,
                 })?;
             dst.copy_from_slice(&bytes);
             Ok(Some(bytes.len()))
@@ -306,6 +308,7 @@ fn into_buffer(
             peer: Some(from),
             expected: capacity as u64,
             got,
+            dtype: None,
         }),
     }
 }

@@ -152,7 +152,8 @@ fn recv_into_checks_the_length() {
                 op: "recv",
                 peer: Some(0),
                 expected: 8,
-                got: 9
+                got: 9,
+                dtype: None,
             }
         ),
         "{err}"
@@ -313,7 +314,8 @@ fn tags_stay_apart_and_notices_fail_fast() {
                 op: "recv",
                 peer: Some(0),
                 expected: 4,
-                got: 8
+                got: 8,
+                dtype: None,
             }
         ),
         "{err}"

@@ -20,6 +20,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::DType;
+
 /// Every failure of a transport or collective operation.
 ///
 /// Messages are lowercase without a trailing period and name the peer rank where one is known.
@@ -27,8 +29,8 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum CollectiveError {
     /// A buffer or message had a different length than this operation requires, here or on a
-    /// peer (lengths in bytes).
-    #[error("{op}: length mismatch{}: expected {expected} bytes, got {got}", with_peer(*peer))]
+    /// peer (lengths in bytes; the message gives them in elements when the type is known).
+    #[error("{op}: length mismatch{}: {}", with_peer(*peer), lengths(*expected, *got, *dtype))]
     LengthMismatch {
         /// The operation that found it (`"all_reduce"`, `"recv"`, `"get"`...).
         op: &'static str,
@@ -38,6 +40,8 @@ pub enum CollectiveError {
         expected: u64,
         /// The length that was found.
         got: u64,
+        /// The element type the lengths count, when the operation knows it.
+        dtype: Option<DType>,
     },
     /// A one-sided access fell outside the symmetric heap of `rank`.
     #[error(
@@ -141,6 +145,21 @@ pub enum CollectiveError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Two lengths in bytes, said in elements of `dtype` when both are whole numbers of them.
+fn lengths(expected: u64, got: u64, dtype: Option<DType>) -> String {
+    match dtype {
+        Some(dtype) if expected % dtype.size() as u64 == 0 && got % dtype.size() as u64 == 0 => {
+            let size = dtype.size() as u64;
+            format!(
+                "expected {} {dtype} elements, got {} ({expected} and {got} bytes)",
+                expected / size,
+                got / size
+            )
+        }
+        _ => format!("expected {expected} bytes, got {got}"),
+    }
 }
 
 fn with_peer(peer: Option<u32>) -> String {

@@ -260,7 +260,8 @@ mod tests {
                 op: "recv",
                 peer: Some(1),
                 expected: 4,
-                got: 8
+                got: 8,
+                dtype: None,
             }
         ));
     }

@@ -114,6 +114,7 @@ pub trait Transport: Send + Sync {
                 peer: Some(from),
                 expected: capacity,
                 got: message.len() as u64,
+                dtype: None,
             })?;
         dst.copy_from_slice(&message);
         Ok(Some(message.len()))
@@ -432,6 +433,7 @@ impl Failure {
                 peer: Some(peer),
                 expected,
                 got,
+                dtype: None,
             },
             Failure::Failed => CollectiveError::PeerFailed {
                 peer,

@@ -137,6 +137,7 @@ impl Header {
                 peer: Some(who),
                 expected: self.count.saturating_mul(4),
                 got: theirs.count.saturating_mul(4),
+                dtype: Some(crate::DType::F32),
             })
         } else {
             None

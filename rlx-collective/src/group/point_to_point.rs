@@ -291,9 +291,29 @@ impl ProcessGroup {
                     })
                 })
                 .map(|got| (peer, got))
-                .map_err(|error| watch.blame(error))
+                .map_err(|error| in_elements(watch.blame(error), dtype))
                 .inspect_err(|error| watch.on_failure(error))
         })
+    }
+}
+
+/// `error`, a length mismatch said in elements of `dtype` (the transport knows only bytes).
+fn in_elements(error: CollectiveError, dtype: DType) -> CollectiveError {
+    match error {
+        CollectiveError::LengthMismatch {
+            op,
+            peer,
+            expected,
+            got,
+            dtype: None,
+        } => CollectiveError::LengthMismatch {
+            op,
+            peer,
+            expected,
+            got,
+            dtype: Some(dtype),
+        },
+        other => other,
     }
 }
 

@@ -351,7 +351,8 @@ mod tests {
                 op: "recv",
                 peer: Some(0),
                 expected: 8,
-                got: 9
+                got: 9,
+                dtype: None,
             })
         ));
     }

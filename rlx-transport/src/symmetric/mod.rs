@@ -204,6 +204,7 @@ pub trait SymmetricTransport: Transport {
                 peer: Some(rank),
                 expected: buf.len() as u64,
                 got: data.len() as u64,
+                dtype: None,
             });
         }
         buf.copy_from_slice(&data);

@@ -392,6 +392,7 @@ impl Link<'_> {
                 peer: Some(peer),
                 expected: mine.data_bytes,
                 got: theirs.data_bytes,
+                dtype: None,
             });
         }
         if (theirs.dtype, theirs.reduce) != (mine.dtype, mine.reduce) {
