@@ -114,7 +114,7 @@ mod wait_chain;
 pub use compression::{Compression, Compressor, FRAME_CHUNK, INT8_BLOCK};
 pub use debug_log::install_debug_subscriber;
 pub use env::{DEBUG_VAR, PREFIXED_VAR};
-pub use group::{ProcessGroup, WORLD_GROUP_ID};
+pub use group::{DEFAULT_BUCKET_BYTES, ProcessGroup, WORLD_GROUP_ID};
 /// The half-precision element types, re-exported so that a program uses the very `half`
 /// version this crate was built with.
 pub use half::{bf16, f16};

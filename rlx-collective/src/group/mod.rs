@@ -17,6 +17,7 @@ mod collectives;
 mod compressed;
 mod execute;
 mod federated;
+mod many;
 mod membership;
 mod movement;
 mod point_to_point;
@@ -41,6 +42,8 @@ use worker::Worker;
 
 /// The group id of the world group every family starts from.
 pub const WORLD_GROUP_ID: u16 = 1;
+
+pub use many::DEFAULT_BUCKET_BYTES;
 
 /// A set of ranks that run collectives together; see the crate docs for the operations.
 ///
