@@ -1,8 +1,9 @@
 //! Data-parallel training of a small MLP, the way a user's trainer uses RLX: every rank holds
 //! the whole model and a shard of each batch, computes its gradients, and the gradients are
-//! averaged across ranks with non-blocking all-reduces that overlap the backward pass (one
-//! bucket per layer, issued as soon as the layer's gradients exist). Every rank then applies
-//! the same update, so the weights stay bit-identical everywhere.
+//! summed across ranks by a [`Bucketer`], as PyTorch DDP does it: each tensor (layer 2, layer
+//! 1 and the loss) is handed over as backward produces it, and each bucket is all-reduced in
+//! the background as soon as it is full. Every rank then applies the same update, so the
+//! weights stay bit-identical everywhere.
 //!
 //! The task is synthetic and deterministic: fit a fixed teacher function of 8 inputs. At the
 //! end rank 0 compares the final loss with the same training run in one process on whole
@@ -21,7 +22,14 @@
 
 use std::process::ExitCode;
 
-use rlx_collective::{CollectiveError, Compression, Compressor, ProcessGroup, ReduceKind};
+use rlx_collective::{
+    Bucketer, CollectiveError, Compression, Compressor, ProcessGroup, ReduceKind,
+};
+
+/// The bucket size of the example: small, so that the small model spreads over several
+/// buckets and the first goes out while the others are filled (a real model keeps the
+/// default, 25 MiB).
+const BUCKET_BYTES: usize = 4 << 10;
 
 /// Inputs per example.
 const INPUTS: usize = 8;
@@ -166,6 +174,9 @@ pub(crate) fn train(group: &ProcessGroup, cfg: &Config) -> Result<Report, Collec
     let mut compressors = cfg
         .compression
         .map(|c| [Compressor::new(c), Compressor::new(c)]);
+    // Layer 1's gradients, layer 2's and the loss, registered once for every step.
+    let lengths = [split, grads.len() - split, 1];
+    let mut buckets = Bucketer::with_bucket_bytes(group, &lengths, ReduceKind::Sum, BUCKET_BYTES)?;
     for step in 0..cfg.steps {
         let rows = batch(step, cfg.batch);
         let mine = &rows[shard(cfg.batch, rank, world)];
@@ -182,19 +193,15 @@ pub(crate) fn train(group: &ProcessGroup, cfg: &Config) -> Result<Report, Collec
                 loss[0]
             }
             None => {
-                // Backward runs from the output: layer 2's bucket is ready first and goes out
-                // while layer 1's is still being finished, then layer 1's; the loss rides
-                // along.
-                let mut layer2 = grads[split..].to_vec();
-                layer2.push(local_loss);
-                let layer2 = group.spawn_all_reduce(layer2, ReduceKind::Sum);
-                let layer1 = group.spawn_all_reduce(grads[..split].to_vec(), ReduceKind::Sum);
-                let layer1 = layer1.join()?;
-                let mut layer2 = layer2.join()?;
-                let loss = layer2.pop().unwrap_or(f32::NAN);
-                grads[..split].copy_from_slice(&layer1);
-                grads[split..].copy_from_slice(&layer2);
-                loss
+                // Backward runs from the output: the loss and layer 2 are handed over first
+                // and their buckets go out while layer 1's is still being filled.
+                buckets.ready(2, &[local_loss])?;
+                buckets.ready(1, &grads[split..])?;
+                buckets.ready(0, &grads[..split])?;
+                let mut loss = [0.0f32];
+                let (g1, g2) = grads.split_at_mut(split);
+                buckets.wait(&mut [g1, g2, &mut loss])?;
+                loss[0]
             }
         };
         model.step(&grads, cfg.learning_rate);

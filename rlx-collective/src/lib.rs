@@ -85,6 +85,7 @@ mod all_reduce;
 mod all_to_all;
 mod barrier;
 mod broadcast;
+mod bucketer;
 mod compression;
 pub mod conformance;
 mod debug_log;
@@ -111,6 +112,7 @@ mod shrink;
 mod split;
 mod wait_chain;
 
+pub use bucketer::Bucketer;
 pub use compression::{Compression, Compressor, FRAME_CHUNK, INT8_BLOCK};
 pub use debug_log::install_debug_subscriber;
 pub use env::{DEBUG_VAR, PREFIXED_VAR};

@@ -165,3 +165,89 @@ fn mismatched_tensor_lists_name_the_tensor_on_every_rank_and_the_group_goes_on()
         );
     }
 }
+
+/// The order rank `rank` hands its tensors over in: backward's reverse order on even ranks,
+/// a rotation of it on odd ones, so that buckets fill in different orders on different ranks.
+fn ready_order(rank: u32, n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).rev().collect();
+    if rank % 2 == 1 && n > 0 {
+        order.rotate_left(n / 2 + 1);
+    }
+    order
+}
+
+/// Three rounds of a `Bucketer`, each against separate all-reduces of the same tensors.
+fn bucketer_agrees_with_separate_all_reduces<T: Sample>(group: &ProcessGroup) {
+    for lengths in LISTS {
+        for bucket_bytes in BUCKETS {
+            let op = ReduceKind::Sum;
+            let mut buckets =
+                rlx_collective::Bucketer::<T>::with_bucket_bytes(group, lengths, op, bucket_bytes)
+                    .expect("the same registration on every rank");
+            for round in 0..3i64 {
+                let inputs: Vec<Vec<T>> = tensors::<T>(group.rank(), lengths)
+                    .into_iter()
+                    .map(|t| t.into_iter().map(|_| T::sample(round)).collect())
+                    .collect();
+                for i in ready_order(group.rank(), lengths.len()) {
+                    buckets.ready(i, &inputs[i]).expect("ready");
+                }
+                let mut out: Vec<Vec<T>> = lengths.iter().map(|&l| vec![T::sample(0); l]).collect();
+                let mut views: Vec<&mut [T]> = out.iter_mut().map(Vec::as_mut_slice).collect();
+                buckets.wait(&mut views).expect("wait");
+                for (t, mut alone) in inputs.into_iter().enumerate() {
+                    group
+                        .all_reduce(&mut alone, op)
+                        .expect("the separate all_reduce");
+                    assert_eq!(
+                        out[t],
+                        alone,
+                        "{} round {round}, tensor {t} of {lengths:?}, bucket {bucket_bytes} B",
+                        T::DTYPE
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_bucketer_reduces_what_separate_all_reduces_do_whatever_order_each_rank_marks() {
+    for world in 1..=8 {
+        common::on_each(common::world(world), |group| {
+            bucketer_agrees_with_separate_all_reduces::<f32>(&group);
+            bucketer_agrees_with_separate_all_reduces::<bf16>(&group);
+            bucketer_agrees_with_separate_all_reduces::<i64>(&group);
+        });
+    }
+}
+
+#[test]
+fn a_bucketer_refuses_what_would_lose_or_mix_up_a_gradient() {
+    common::on_each(common::world(2), |group| {
+        let mut buckets = rlx_collective::Bucketer::<f32>::new(&group, &[3, 4], ReduceKind::Sum)
+            .expect("a registration");
+        let wrong = buckets
+            .ready(0, &[1.0; 4])
+            .expect_err("a gradient of another length");
+        assert!(
+            wrong
+                .to_string()
+                .contains("tensor 0 has 4 f32 elements, 3 registered"),
+            "{wrong}"
+        );
+        assert!(buckets.ready(2, &[1.0]).is_err(), "an unknown tensor");
+        buckets.ready(1, &[1.0; 4]).expect("ready");
+        let twice = buckets.ready(1, &[1.0; 4]).expect_err("twice");
+        assert!(twice.to_string().contains("handed over twice"), "{twice}");
+        let mut a = [0.0f32; 3];
+        let mut b = [0.0f32; 4];
+        let early = buckets
+            .wait(&mut [&mut a, &mut b])
+            .expect_err("tensor 0 missing");
+        assert!(early.to_string().contains("tensors [0]"), "{early}");
+        buckets.ready(0, &[2.0; 3]).expect("ready");
+        buckets.wait(&mut [&mut a, &mut b]).expect("wait");
+        assert_eq!((a, b), ([4.0; 3], [2.0; 4]));
+    });
+}

@@ -71,10 +71,10 @@ impl ProcessGroup {
         self.check_same_tensors::<T>(&lengths, bucket_bytes)?;
         let capacity = (bucket_bytes / size_of::<T>()).max(1);
         let mut in_flight: VecDeque<(AllReduceHandle<T>, Vec<usize>)> = VecDeque::new();
-        for bucket in buckets(&lengths, capacity) {
+        for bucket in buckets(&lengths, 0..lengths.len(), capacity) {
             if in_flight.len() == BUCKETS_IN_FLIGHT {
                 if let Some((handle, members)) = in_flight.pop_front() {
-                    unpack(handle.join()?, &members, tensors)?;
+                    unpack(&handle.join()?, &members, tensors)?;
                 }
             }
             let packed: Vec<T> = bucket
@@ -84,7 +84,7 @@ impl ProcessGroup {
             in_flight.push_back((self.spawn_all_reduce(packed, op), bucket));
         }
         for (handle, members) in in_flight {
-            unpack(handle.join()?, &members, tensors)?;
+            unpack(&handle.join()?, &members, tensors)?;
         }
         Ok(())
     }
@@ -93,7 +93,11 @@ impl ProcessGroup {
     /// tensors of the lengths `lengths` and the same `bucket_bytes`: an all-reduce of the
     /// count and the bucket size (their maxima and minima at once, as `[n, b, -n, -b]` under
     /// `Max`), then one of the lengths.
-    fn check_same_tensors<T: Element>(&self, lengths: &[usize], bucket_bytes: usize) -> Result<()> {
+    pub(crate) fn check_same_tensors<T: Element>(
+        &self,
+        lengths: &[usize],
+        bucket_bytes: usize,
+    ) -> Result<()> {
         let mut count = extremes(&[lengths.len(), bucket_bytes]);
         self.all_reduce(&mut count, ReduceKind::Max)?;
         if count[1] != -count[3] {
@@ -139,12 +143,17 @@ fn extremes(values: &[usize]) -> Vec<i64> {
         .collect()
 }
 
-/// The tensors of each bucket, in order: consecutive non-empty tensors until the next would
-/// take the bucket past `capacity` elements (a tensor longer than that is a bucket alone).
-fn buckets(lengths: &[usize], capacity: usize) -> Vec<Vec<usize>> {
+/// The tensors of each bucket, taken in `order`: consecutive non-empty tensors until the next
+/// would take the bucket past `capacity` elements (a tensor longer than that is a bucket
+/// alone).
+pub(crate) fn buckets(
+    lengths: &[usize],
+    order: impl Iterator<Item = usize>,
+    capacity: usize,
+) -> Vec<Vec<usize>> {
     let mut all = Vec::new();
     let (mut current, mut filled) = (Vec::new(), 0usize);
-    for (i, &len) in lengths.iter().enumerate().filter(|(_, len)| **len > 0) {
+    for (i, len) in order.map(|i| (i, lengths[i])).filter(|(_, len)| *len > 0) {
         if !current.is_empty() && filled + len > capacity {
             all.push(std::mem::take(&mut current));
             filled = 0;
@@ -159,8 +168,12 @@ fn buckets(lengths: &[usize], capacity: usize) -> Vec<Vec<usize>> {
 }
 
 /// Copies a reduced bucket back into its tensors, `members` in the order they were packed.
-fn unpack<T: Element>(reduced: Vec<T>, members: &[usize], tensors: &mut [&mut [T]]) -> Result<()> {
-    let mut rest = reduced.as_slice();
+pub(crate) fn unpack<T: Element>(
+    reduced: &[T],
+    members: &[usize],
+    tensors: &mut [&mut [T]],
+) -> Result<()> {
+    let mut rest = reduced;
     for &i in members {
         // An all-reduce returns its buffer at the length it was given; this only guards that.
         let (head, tail) = rest.split_at_checked(tensors[i].len()).ok_or_else(|| {
@@ -178,11 +191,16 @@ mod tests {
 
     #[test]
     fn buckets_keep_order_skip_empty_tensors_and_give_long_ones_their_own() {
+        let lengths = [3, 0, 4, 10, 2, 2, 0];
         assert_eq!(
-            buckets(&[3, 0, 4, 10, 2, 2, 0], 8),
+            buckets(&lengths, 0..7, 8),
             vec![vec![0, 2], vec![3], vec![4, 5]]
         );
-        assert!(buckets(&[0, 0], 8).is_empty());
-        assert_eq!(buckets(&[8, 8], 8), vec![vec![0], vec![1]]);
+        assert_eq!(
+            buckets(&lengths, (0..7).rev(), 8),
+            vec![vec![5, 4], vec![3], vec![2, 0]]
+        );
+        assert!(buckets(&[0, 0], 0..2, 8).is_empty());
+        assert_eq!(buckets(&[8, 8], 0..2, 8), vec![vec![0], vec![1]]);
     }
 }

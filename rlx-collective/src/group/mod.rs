@@ -44,6 +44,7 @@ use worker::Worker;
 pub const WORLD_GROUP_ID: u16 = 1;
 
 pub use many::DEFAULT_BUCKET_BYTES;
+pub(crate) use many::{buckets, unpack};
 
 /// A set of ranks that run collectives together; see the crate docs for the operations.
 ///
