@@ -88,7 +88,7 @@ impl<T: Element> Bucketer<T> {
         op: ReduceKind,
         bucket_bytes: usize,
     ) -> Result<Self> {
-        group.check_same_tensors::<T>(lengths, bucket_bytes)?;
+        group.check_same_tensors(lengths, T::DTYPE, bucket_bytes)?;
         let capacity = (bucket_bytes / size_of::<T>()).max(1);
         let plan = buckets(lengths, (0..lengths.len()).rev(), capacity);
         let mut place = vec![None; lengths.len()];

@@ -8,8 +8,8 @@
 use std::collections::VecDeque;
 
 use super::ProcessGroup;
-use crate::handle::AllReduceHandle;
-use crate::{CollectiveError, Element, ReduceKind, Result};
+use crate::handle::CollectiveHandle;
+use crate::{CollectiveError, DType, Element, ReduceKind, Result};
 
 /// The size of a bucket: PyTorch DDP's default (25 MiB), large enough that a bucket moves at
 /// the link's speed, small enough that the first bucket's reduction starts early.
@@ -67,21 +67,61 @@ impl ProcessGroup {
         op: ReduceKind,
         bucket_bytes: usize,
     ) -> Result<()> {
-        let lengths: Vec<usize> = tensors.iter().map(|t| t.len()).collect();
-        self.check_same_tensors::<T>(&lengths, bucket_bytes)?;
-        let capacity = (bucket_bytes / size_of::<T>()).max(1);
-        let mut in_flight: VecDeque<(AllReduceHandle<T>, Vec<usize>)> = VecDeque::new();
-        for bucket in buckets(&lengths, 0..lengths.len(), capacity) {
+        let mut bytes: Vec<&mut [u8]> = tensors
+            .iter_mut()
+            .map(|t| bytemuck::cast_slice_mut::<T, u8>(t))
+            .collect();
+        self.many_bucketed(&mut bytes, T::DTYPE, op, bucket_bytes)
+    }
+
+    /// [`ProcessGroup::all_reduce_many`] on raw little-endian `dtype` elements.
+    pub fn all_reduce_many_typed(
+        &self,
+        tensors: &mut [&mut [u8]],
+        dtype: DType,
+        op: ReduceKind,
+    ) -> Result<()> {
+        self.many_bucketed(tensors, dtype, op, DEFAULT_BUCKET_BYTES)
+    }
+
+    /// The one implementation of the `all_reduce_many` forms, on bytes.
+    fn many_bucketed(
+        &self,
+        tensors: &mut [&mut [u8]],
+        dtype: DType,
+        op: ReduceKind,
+        bucket_bytes: usize,
+    ) -> Result<()> {
+        for tensor in tensors.iter() {
+            crate::check_dtype_len(tensor.len(), dtype)?;
+        }
+        let lengths: Vec<usize> = tensors.iter().map(|t| t.len() / dtype.size()).collect();
+        self.check_same_tensors(&lengths, dtype, bucket_bytes)?;
+        let byte_lengths: Vec<usize> = tensors.iter().map(|t| t.len()).collect();
+        let capacity = bucket_bytes.max(dtype.size());
+        let plan = buckets(&byte_lengths, 0..byte_lengths.len(), capacity);
+        let last = plan.len().saturating_sub(1);
+        let mut in_flight: VecDeque<(CollectiveHandle<Vec<u8>>, Vec<usize>)> = VecDeque::new();
+        for (k, bucket) in plan.into_iter().enumerate() {
             if in_flight.len() == BUCKETS_IN_FLIGHT {
                 if let Some((handle, members)) = in_flight.pop_front() {
                     unpack(&handle.join()?, &members, tensors)?;
                 }
             }
-            let packed: Vec<T> = bucket
-                .iter()
-                .flat_map(|&i| tensors[i].iter().copied())
-                .collect();
-            in_flight.push_back((self.spawn_all_reduce(packed, op), bucket));
+            if k == last {
+                // Nothing is left to pack meanwhile: the last bucket runs on this thread, and a
+                // bucket of one tensor in place, without the copies.
+                if let [only] = bucket[..] {
+                    self.all_reduce_typed(tensors[only], dtype, op)?;
+                } else {
+                    let mut packed = pack(&bucket, tensors);
+                    self.all_reduce_typed(&mut packed, dtype, op)?;
+                    unpack(&packed, &bucket, tensors)?;
+                }
+            } else {
+                let handle = self.spawn_all_reduce_typed(pack(&bucket, tensors), dtype, op);
+                in_flight.push_back((handle, bucket));
+            }
         }
         for (handle, members) in in_flight {
             unpack(&handle.join()?, &members, tensors)?;
@@ -90,12 +130,13 @@ impl ProcessGroup {
     }
 
     /// Fails on every rank, naming the first tensor that differs, unless every rank passes
-    /// tensors of the lengths `lengths` and the same `bucket_bytes`: an all-reduce of the
-    /// count and the bucket size (their maxima and minima at once, as `[n, b, -n, -b]` under
-    /// `Max`), then one of the lengths.
-    pub(crate) fn check_same_tensors<T: Element>(
+    /// tensors of `lengths` elements of `dtype` and the same `bucket_bytes`: an all-reduce of
+    /// the count and the bucket size (their maxima and minima at once, as `[n, b, -n, -b]`
+    /// under `Max`), then one of the lengths.
+    pub(crate) fn check_same_tensors(
         &self,
         lengths: &[usize],
+        dtype: DType,
         bucket_bytes: usize,
     ) -> Result<()> {
         let mut count = extremes(&[lengths.len(), bucket_bytes]);
@@ -125,7 +166,7 @@ impl ProcessGroup {
                  this rank's has {}",
                 -spans[n + i],
                 spans[i],
-                T::DTYPE,
+                dtype,
                 lengths[i]
             ))),
         }
@@ -167,8 +208,17 @@ pub(crate) fn buckets(
     all
 }
 
+/// The bytes of the tensors of `bucket`, one after the other.
+fn pack(bucket: &[usize], tensors: &[&mut [u8]]) -> Vec<u8> {
+    let mut packed = Vec::with_capacity(bucket.iter().map(|&i| tensors[i].len()).sum());
+    for &i in bucket {
+        packed.extend_from_slice(tensors[i]);
+    }
+    packed
+}
+
 /// Copies a reduced bucket back into its tensors, `members` in the order they were packed.
-pub(crate) fn unpack<T: Element>(
+pub(crate) fn unpack<T: Copy>(
     reduced: &[T],
     members: &[usize],
     tensors: &mut [&mut [T]],

@@ -29,6 +29,32 @@ pub(crate) enum BenchOp {
     Gather,
     /// Scatter from rank 0 (size = the root's whole input).
     Scatter,
+    /// The buffer as [`GRADIENT_TENSORS`] gradient tensors of 1 to 64 units each (as a model's
+    /// 1–64 KiB tensors at 6.5 MiB), reduced by one `all_reduce_many`.
+    AllReduceMany,
+    /// The same tensors, one `all_reduce` each: what `all_reduce_many` replaces.
+    AllReduceEach,
+}
+
+/// How many tensors `all_reduce_many` and `all_reduce_each` split the buffer into.
+pub(crate) const GRADIENT_TENSORS: usize = 200;
+
+/// The element counts of the gradient tensors of a buffer of `count` elements: tensor `i`
+/// takes a share proportional to `1 + (37 i mod 64)`, and the last one the rounding rest.
+pub(crate) fn gradient_tensors(count: u64) -> Vec<usize> {
+    let weights: Vec<u64> = (0..GRADIENT_TENSORS as u64)
+        .map(|i| 1 + (37 * i) % 64)
+        .collect();
+    let total: u64 = weights.iter().sum();
+    let mut lengths: Vec<usize> = weights
+        .iter()
+        .map(|w| usize::try_from(count * w / total).unwrap_or(usize::MAX))
+        .collect();
+    let given: usize = lengths.iter().sum();
+    if let Some(last) = lengths.last_mut() {
+        *last += usize::try_from(count).unwrap_or(usize::MAX) - given;
+    }
+    lengths
 }
 
 impl BenchOp {
@@ -45,6 +71,9 @@ impl BenchOp {
         BenchOp::Scatter,
     ];
 
+    /// Operations that run only when named (RLX's own; the peers have no counterpart).
+    pub(crate) const NAMED_ONLY: [BenchOp; 2] = [BenchOp::AllReduceMany, BenchOp::AllReduceEach];
+
     /// The snake-case name used in flags, tables and the line protocol.
     pub(crate) const fn name(self) -> &'static str {
         match self {
@@ -57,6 +86,8 @@ impl BenchOp {
             BenchOp::SendRecv => "sendrecv",
             BenchOp::Gather => "gather",
             BenchOp::Scatter => "scatter",
+            BenchOp::AllReduceMany => "all_reduce_many",
+            BenchOp::AllReduceEach => "all_reduce_each",
         }
     }
 
@@ -64,7 +95,11 @@ impl BenchOp {
     pub(crate) const fn reduces(self) -> bool {
         matches!(
             self,
-            BenchOp::AllReduce | BenchOp::ReduceScatter | BenchOp::Reduce
+            BenchOp::AllReduce
+                | BenchOp::ReduceScatter
+                | BenchOp::Reduce
+                | BenchOp::AllReduceMany
+                | BenchOp::AllReduceEach
         )
     }
 
@@ -92,7 +127,9 @@ impl BenchOp {
     pub(crate) fn busbw_factor(self, ranks: u32) -> f64 {
         let n = f64::from(ranks.max(1));
         match self {
-            BenchOp::AllReduce => 2.0 * (n - 1.0) / n,
+            BenchOp::AllReduce | BenchOp::AllReduceMany | BenchOp::AllReduceEach => {
+                2.0 * (n - 1.0) / n
+            }
             BenchOp::AllGather
             | BenchOp::ReduceScatter
             | BenchOp::AllToAll
@@ -131,16 +168,14 @@ impl FromStr for BenchOp {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let wanted = s.trim().to_ascii_lowercase().replace('-', "_");
-        BenchOp::ALL
-            .into_iter()
-            .find(|op| op.name() == wanted)
-            .ok_or_else(|| {
-                let names: Vec<&str> = BenchOp::ALL.iter().map(|op| op.name()).collect();
-                format!(
-                    "unknown operation {s:?} (expected {} or all)",
-                    names.join(", ")
-                )
-            })
+        let known = BenchOp::ALL.into_iter().chain(BenchOp::NAMED_ONLY);
+        known.clone().find(|op| op.name() == wanted).ok_or_else(|| {
+            let names: Vec<&str> = known.map(BenchOp::name).collect();
+            format!(
+                "unknown operation {s:?} (expected {} or all)",
+                names.join(", ")
+            )
+        })
     }
 }
 

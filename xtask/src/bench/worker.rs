@@ -16,7 +16,7 @@ use clap::Args;
 use rlx_collective::{CollectiveError, Compressor, DType, ProcessGroup, ReduceKind};
 
 use super::check::{self, POISON};
-use super::measure::{BenchOp, Reply, Step};
+use super::measure::{self, BenchOp, Reply, Step};
 use crate::world::{self, TransportKind};
 
 /// The user tag of the sendrecv benchmark's messages.
@@ -152,7 +152,11 @@ fn run_step(group: &ProcessGroup, step: &Step) -> Result<Reply, CollectiveError>
     let pristine = match step.op {
         // A compressed all-reduce keeps its f32 buffers of its own (see below).
         _ if step.compression.is_some() => Vec::new(),
-        BenchOp::AllReduce | BenchOp::Reduce | BenchOp::ReduceScatter => check::encode(
+        BenchOp::AllReduce
+        | BenchOp::AllReduceMany
+        | BenchOp::AllReduceEach
+        | BenchOp::Reduce
+        | BenchOp::ReduceScatter => check::encode(
             dtype,
             (0..count).map(|i| check::reduce_input(redop, rank, world, i)),
         ),
@@ -178,7 +182,11 @@ fn run_step(group: &ProcessGroup, step: &Step) -> Result<Reply, CollectiveError>
         BenchOp::ReduceScatter | BenchOp::Scatter => block,
         BenchOp::Gather if rank != 0 => 0,
         BenchOp::AllGather | BenchOp::AllToAll | BenchOp::SendRecv | BenchOp::Gather => count,
-        BenchOp::AllReduce | BenchOp::Reduce | BenchOp::Broadcast => 0,
+        BenchOp::AllReduce
+        | BenchOp::AllReduceMany
+        | BenchOp::AllReduceEach
+        | BenchOp::Reduce
+        | BenchOp::Broadcast => 0,
     };
     let poison = check::encode(dtype, (0..out_count).map(|_| POISON));
     let mut buffers = Buffers {
@@ -193,7 +201,11 @@ fn run_step(group: &ProcessGroup, step: &Step) -> Result<Reply, CollectiveError>
     for iteration in 0..total {
         let in_place = matches!(
             step.op,
-            BenchOp::AllReduce | BenchOp::Reduce | BenchOp::Broadcast
+            BenchOp::AllReduce
+                | BenchOp::AllReduceMany
+                | BenchOp::AllReduceEach
+                | BenchOp::Reduce
+                | BenchOp::Broadcast
         );
         if let Some((pristine, work, _)) = &mut buffers.compressed {
             work.copy_from_slice(pristine);
@@ -233,6 +245,19 @@ fn run_step(group: &ProcessGroup, step: &Step) -> Result<Reply, CollectiveError>
     })
 }
 
+/// `work` (`count` elements of `size` bytes) cut into the gradient tensors of
+/// [`measure::gradient_tensors`].
+fn gradient_views(work: &mut [u8], count: u64, size: usize) -> Vec<&mut [u8]> {
+    let mut rest = work;
+    let mut views = Vec::new();
+    for len in measure::gradient_tensors(count) {
+        let (head, tail) = rest.split_at_mut((len * size).min(rest.len()));
+        views.push(head);
+        rest = tail;
+    }
+    views
+}
+
 /// One timed operation.
 fn once(
     group: &ProcessGroup,
@@ -246,6 +271,16 @@ fn once(
     }
     match step.op {
         BenchOp::AllReduce => group.all_reduce_typed(&mut b.work, dtype, redop),
+        BenchOp::AllReduceMany => {
+            let mut tensors = gradient_views(&mut b.work, step.count, dtype.size());
+            group.all_reduce_many_typed(&mut tensors, dtype, redop)
+        }
+        BenchOp::AllReduceEach => {
+            for tensor in gradient_views(&mut b.work, step.count, dtype.size()) {
+                group.all_reduce_typed(tensor, dtype, redop)?;
+            }
+            Ok(())
+        }
         BenchOp::Reduce => group.reduce_typed(0, &mut b.work, dtype, redop),
         BenchOp::Broadcast => group.broadcast_typed(0, &mut b.work, dtype),
         BenchOp::ReduceScatter => {
@@ -282,7 +317,9 @@ fn count_wrong(
         return check::count_wrong_within(dtype, &bytes, count, reduced, |_| allowed);
     }
     match step.op {
-        BenchOp::AllReduce => check::count_wrong(dtype, &b.work, count, reduced),
+        BenchOp::AllReduce | BenchOp::AllReduceMany | BenchOp::AllReduceEach => {
+            check::count_wrong(dtype, &b.work, count, reduced)
+        }
         BenchOp::Reduce if rank == 0 => check::count_wrong(dtype, &b.work, count, reduced),
         BenchOp::Reduce => 0,
         BenchOp::Broadcast => {
