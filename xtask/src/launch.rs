@@ -104,15 +104,22 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<u8, String> {
         spec.env.extend(args.env.iter().cloned());
     }
     let grace = Duration::from_secs_f64(args.grace);
-    let outcome = supervise(&specs, grace, &mut |rank, stream, text| match stream {
-        Stream::Stdout => println!("[{rank}] {text}"),
-        Stream::Stderr => eprintln!("[{rank}] {text}"),
+    let mut blamed = Blame::default();
+    let outcome = supervise(&specs, grace, &mut |rank, stream, text| {
+        blamed.read(rank, text);
+        match stream {
+            Stream::Stdout => println!("[{rank}] {text}"),
+            Stream::Stderr => eprintln!("[{rank}] {text}"),
+        }
     })?;
     if let Some(failure) = &outcome.first_failure {
         eprintln!(
             "launch: rank {} failed first: {}",
             failure.rank, failure.how
         );
+        if let Some(line) = blamed.verdict() {
+            eprintln!("launch: {line}");
+        }
         if !failure.ended.is_empty() {
             let ranks: Vec<String> = failure.ended.iter().map(ToString::to_string).collect();
             eprintln!(
@@ -123,6 +130,43 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<u8, String> {
         }
     }
     Ok(outcome.code)
+}
+
+/// The rank the ranks' own errors name as the cause: RLX's errors say `peer rank N` (or
+/// `with rank N`), and the last such mention of each rank is its verdict.
+#[derive(Debug, Default)]
+struct Blame {
+    /// Rank -> the rank its latest error line named.
+    named: std::collections::BTreeMap<usize, usize>,
+}
+
+impl Blame {
+    /// Notes the rank a line of `rank`'s output names, if it names another.
+    fn read(&mut self, rank: usize, text: &str) {
+        let named = ["peer rank ", "with rank "].iter().find_map(|marker| {
+            let (_, after) = text.rsplit_once(marker)?;
+            let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse::<usize>().ok()
+        });
+        if let Some(named) = named.filter(|&n| n != rank) {
+            self.named.insert(rank, named);
+        }
+    }
+
+    /// `the errors name rank N as the cause (ranks a, b, c)`, for the rank most of the errors
+    /// name, or nothing when none does.
+    fn verdict(&self) -> Option<String> {
+        let mut votes: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+        for (&rank, &named) in &self.named {
+            votes.entry(named).or_default().push(rank);
+        }
+        let (cause, by) = votes.into_iter().max_by_key(|(_, by)| by.len())?;
+        let by: Vec<String> = by.iter().map(ToString::to_string).collect();
+        Some(format!(
+            "the errors name rank {cause} as the cause (rank(s) {})",
+            by.join(", ")
+        ))
+    }
 }
 
 /// Adds the torchrun names (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`) and the local
@@ -404,6 +448,30 @@ fn describe(status: ExitStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rank_most_errors_name_is_the_cause() {
+        let mut blame = Blame::default();
+        blame.read(
+            0,
+            "error: all_reduce timed out after 2s waiting for peer rank 2",
+        );
+        blame.read(1, "WARN peer lost peer=0 reason=...");
+        blame.read(
+            1,
+            "error: group unusable after a fatal failure involving peer rank 2 (timed out)",
+        );
+        blame.read(
+            3,
+            "all_reduce: length mismatch with rank 2: expected 4 f32 elements",
+        );
+        blame.read(2, "error: excluded by peer rank 0");
+        assert_eq!(
+            blame.verdict().as_deref(),
+            Some("the errors name rank 2 as the cause (rank(s) 0, 1, 3)")
+        );
+        assert_eq!(Blame::default().verdict(), None);
+    }
 
     fn shell(rank: usize, script: &str) -> ChildSpec {
         ChildSpec::new(format!("rank {rank}"), "sh")
