@@ -1,0 +1,155 @@
+//! A rank that leaves cleanly (drops its group, so its transport closes) instead of crashing:
+//! the survivors run collectives until one fails, shrink, and the new group holds exactly the
+//! survivors and runs every collective kind and a point-to-point ring exactly, inheriting
+//! nothing of the old group's failure. Seeded trials over worlds of 2 to 8 ranks, the leaving
+//! rank and the moment drawn at random: after some collectives, or between operations while
+//! the others are idle. Over `MemTransport` and over `TcpTransport` on loopback (threads).
+//! Crashes and SIGSTOP are in `shrink.rs` and `shrink_processes.rs`.
+//!
+//! `cargo test -p rlx-collective --test departure -- --ignored` runs the long form, 1000
+//! trials.
+
+mod common;
+
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use common::checked::{OPS, Rng, plan, run_checked};
+use rlx_collective::{ProcessGroup, ReduceKind};
+
+/// Operation timeout: generous, so that a busy machine never makes a live rank look dead.
+const OP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One trial's draw.
+#[derive(Clone, Copy, Debug)]
+struct Draw {
+    seed: u64,
+    world: u32,
+    leaver: u32,
+    /// Collectives every rank runs before the leaver leaves.
+    before: usize,
+    /// Whether the survivors wait, idle, until the leaver is gone.
+    idle: bool,
+    tcp: bool,
+}
+
+impl Draw {
+    fn new(seed: u64) -> Self {
+        let mut rng = Rng::seeded(seed);
+        let world = 2 + rng.below(7) as u32;
+        Draw {
+            seed,
+            world,
+            leaver: rng.below(u64::from(world)) as u32,
+            before: rng.below(4) as usize,
+            idle: rng.below(3) == 0,
+            tcp: seed % 2 == 1,
+        }
+    }
+}
+
+fn world(draw: Draw) -> Vec<ProcessGroup> {
+    if draw.tcp {
+        common::tcp_world(draw.world, common::free_port(), |rank, n, port| {
+            common::loopback_builder(rank, n, port, OP_TIMEOUT)
+        })
+    } else {
+        common::world_with_timeout(draw.world, OP_TIMEOUT)
+    }
+}
+
+/// What a survivor does: the planned collectives until one fails (the leaver is gone), then
+/// shrink, then every collective kind and a ring exchange on the new group. Returns the new
+/// group's members (world ranks).
+fn survive(group: &ProcessGroup, draw: Draw, gone: &Barrier) -> Vec<u32> {
+    let steps = plan(draw.seed, draw.before + 64);
+    if draw.idle {
+        // Between operations: nothing runs until the leaver has left.
+        for (step, &(op, len)) in steps.iter().take(draw.before).enumerate() {
+            run_checked(group, op, step as u64, len).expect("every rank is still here");
+        }
+        gone.wait();
+    }
+    let first = if draw.idle { draw.before } else { 0 };
+    let failed = steps
+        .iter()
+        .enumerate()
+        .skip(first)
+        .any(|(step, &(op, len))| run_checked(group, op, step as u64, len).is_err());
+    assert!(failed, "{draw:?}: no collective failed without the leaver");
+    let shrunk = group
+        .shrink()
+        .unwrap_or_else(|e| panic!("{draw:?}: shrink on rank {}: {e}", group.rank()));
+    for (step, op) in OPS.iter().enumerate() {
+        for len in [0, 1, 97, 4099] {
+            run_checked(&shrunk, op, (step * 4 + len) as u64, len)
+                .unwrap_or_else(|e| panic!("{draw:?}: {op} of {len} on the new group: {e}"));
+        }
+    }
+    ring_exchange(&shrunk, draw);
+    shrunk.members().to_vec()
+}
+
+/// Every member sends its rank to the next and receives the previous one's.
+fn ring_exchange(group: &ProcessGroup, draw: Draw) {
+    let (rank, n) = (group.rank(), group.world_size());
+    if n < 2 {
+        return;
+    }
+    let mine = [rank as i64; 5];
+    let mut theirs = [0i64; 5];
+    let prev = (rank + n - 1) % n;
+    group
+        .send_recv((rank + 1) % n, &mine, prev, &mut theirs, 11)
+        .unwrap_or_else(|e| panic!("{draw:?}: ring exchange on the new group: {e}"));
+    assert_eq!(theirs, [prev as i64; 5], "{draw:?}");
+    let mut x = [1.0f32; 3];
+    group
+        .all_reduce(&mut x, ReduceKind::Sum)
+        .unwrap_or_else(|e| panic!("{draw:?}: a last all_reduce: {e}"));
+    assert_eq!(x, [n as f32; 3], "{draw:?}");
+}
+
+fn trial(draw: Draw) {
+    // In an idle trial every rank meets here once the leaver has left.
+    let gone = Arc::new(Barrier::new(draw.world as usize));
+    let members = common::on_each(world(draw), move |group| {
+        if group.rank() != draw.leaver {
+            return Some(survive(&group, draw, &gone));
+        }
+        let steps = plan(draw.seed, draw.before);
+        for (step, &(op, len)) in steps.iter().enumerate() {
+            // The others may already fail the last of these (a survivor that moved on reports
+            // the loss); the leaver leaves either way.
+            if run_checked(&group, op, step as u64, len).is_err() {
+                break;
+            }
+        }
+        drop(group);
+        if draw.idle {
+            gone.wait();
+        }
+        None
+    });
+    let want: Vec<u32> = (0..draw.world).filter(|&r| r != draw.leaver).collect();
+    for (rank, got) in members.into_iter().enumerate() {
+        if rank as u32 != draw.leaver {
+            assert_eq!(got.as_deref(), Some(&want[..]), "{draw:?}: rank {rank}");
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_leaves_cleanly_is_left_out_and_nothing_of_the_old_group_remains() {
+    for seed in 0..60 {
+        trial(Draw::new(seed));
+    }
+}
+
+#[test]
+#[ignore = "the long form, 1000 trials (about ten minutes on two cores); run it by hand"]
+fn a_thousand_clean_departures() {
+    for seed in 0..1000 {
+        trial(Draw::new(seed));
+    }
+}
