@@ -413,6 +413,7 @@ impl<'a> Watch<'a> {
         let (culprit, reporter) = match *error {
             CollectiveError::GroupFailed { peer, reporter, .. } => (peer, reporter),
             CollectiveError::PeerLost { peer, .. }
+            | CollectiveError::Unreceived { peer, .. }
             | CollectiveError::Timeout {
                 peer: Some(peer), ..
             }

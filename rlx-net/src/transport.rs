@@ -197,6 +197,10 @@ impl Transport for TcpTransport {
         into_buffer(outcome, buf, from, capacity)
     }
 
+    fn unreceived_from(&self, from: u32) -> Vec<(Tag, u64)> {
+        self.engine.unreceived_from(from)
+    }
+
     fn traffic(&self) -> Option<rlx_transport::Traffic> {
         Some(self.engine.traffic())
     }

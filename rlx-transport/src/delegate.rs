@@ -99,6 +99,10 @@ pub trait Delegate: Send + Sync {
         self.inner().segment_hint(members)
     }
 
+    fn unreceived_from(&self, from: u32) -> Vec<(Tag, u64)> {
+        self.inner().unreceived_from(from)
+    }
+
     fn send_failure(&self, to: u32, tag: Tag, failure: Failure) -> Result<()> {
         self.inner().send_failure(to, tag, failure)
     }
@@ -227,6 +231,10 @@ impl<D: Delegate> Transport for D {
 
     fn segment_hint(&self, members: &[u32]) -> Option<usize> {
         Delegate::segment_hint(self, members)
+    }
+
+    fn unreceived_from(&self, from: u32) -> Vec<(Tag, u64)> {
+        Delegate::unreceived_from(self, from)
     }
 
     fn send_failure(&self, to: u32, tag: Tag, failure: Failure) -> Result<()> {

@@ -75,6 +75,27 @@ pub enum CollectiveError {
         /// How long it waited.
         after: Duration,
     },
+    /// A receive waited in vain for `tag` while messages from the same peer under other tags
+    /// wait unreceived: most likely one side uses the wrong tag. Fatal like the timeout it is.
+    #[error(
+        "{op} from peer rank {peer} under tag {tag} timed out after {after:?}; rank {peer} sent \
+         this rank what no receive took: {}",
+        unreceived_list(unreceived, *dtype)
+    )]
+    Unreceived {
+        /// The operation that waited (`"recv"`).
+        op: &'static str,
+        /// The peer it waited for.
+        peer: u32,
+        /// The user tag it waited for.
+        tag: u32,
+        /// How long it waited.
+        after: Duration,
+        /// The user tags and lengths in bytes of the peer's messages that wait unreceived.
+        unreceived: Vec<(u32, u64)>,
+        /// The element type the receive expected, to give the lengths in elements.
+        dtype: Option<DType>,
+    },
     /// The connection to a peer closed, reset or the peer's process ended.
     #[error("peer rank {peer} lost: {reason}")]
     PeerLost {
@@ -147,6 +168,20 @@ pub enum CollectiveError {
     },
 }
 
+/// `tag 7 (1024 bf16 elements, 2048 bytes), tag 9 (3 bytes)`.
+fn unreceived_list(unreceived: &[(u32, u64)], dtype: Option<DType>) -> String {
+    let one = |&(tag, bytes): &(u32, u64)| match dtype {
+        Some(d) if bytes % d.size() as u64 == 0 => {
+            format!(
+                "tag {tag} ({} {d} elements, {bytes} bytes)",
+                bytes / d.size() as u64
+            )
+        }
+        _ => format!("tag {tag} ({bytes} bytes)"),
+    };
+    unreceived.iter().map(one).collect::<Vec<_>>().join(", ")
+}
+
 /// Two lengths in bytes, said in elements of `dtype` when both are whole numbers of them.
 fn lengths(expected: u64, got: u64, dtype: Option<DType>) -> String {
     match dtype {
@@ -207,7 +242,7 @@ impl CollectiveError {
     pub fn fatal_cause(&self) -> Option<FatalCause> {
         match self {
             Self::PeerLost { .. } => Some(FatalCause::PeerLost),
-            Self::Timeout { .. } => Some(FatalCause::Timeout),
+            Self::Timeout { .. } | Self::Unreceived { .. } => Some(FatalCause::Timeout),
             Self::Aborted => Some(FatalCause::Aborted),
             Self::Protocol { .. } => Some(FatalCause::Protocol),
             Self::Io { .. } => Some(FatalCause::Io),

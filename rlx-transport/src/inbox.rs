@@ -148,6 +148,20 @@ impl Inbox {
         state.queue.clear();
     }
 
+    /// The data messages from `from` that wait unclaimed, as (tag, length in bytes), oldest
+    /// first.
+    pub fn unreceived_from(&self, from: u32) -> Vec<(Tag, u64)> {
+        lock(&self.state)
+            .queue
+            .iter()
+            .filter(|entry| entry.from == from)
+            .filter_map(|entry| match &entry.delivery {
+                Delivery::Data(body) => Some((entry.tag, body.len() as u64)),
+                Delivery::Failure(_) => None,
+            })
+            .collect()
+    }
+
     /// Number of queued, unclaimed deliveries.
     pub fn queued(&self) -> usize {
         lock(&self.state).queue.len()

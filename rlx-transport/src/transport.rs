@@ -149,6 +149,14 @@ pub trait Transport: Send + Sync {
         None
     }
 
+    /// The messages from `from` that arrived (or are arriving) and wait for a receive, as
+    /// (tag, length in bytes), oldest first: what a receive that waits in vain for another tag
+    /// names as the likely mistake. Empty (the default) when the transport cannot tell.
+    fn unreceived_from(&self, from: u32) -> Vec<(Tag, u64)> {
+        let _ = from;
+        Vec::new()
+    }
+
     /// The smallest segment pipelined collectives among `members` (world ranks, this one
     /// among them) should cut their buffers into, when this transport moves large messages
     /// between them better in larger pieces than the collectives' defaults; `None` (the

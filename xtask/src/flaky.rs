@@ -80,6 +80,7 @@ pub(crate) const DEFAULT_TARGETS: &[&str] = &[
     "standalone",
     "wire_bytes",
     "worker_threads",
+    "wrong_tag",
     // xtask: the doctor and the launcher in network namespaces, the cluster's checks.
     "xtask",
 ];

@@ -447,7 +447,10 @@ mod tests {
             .expect("a send into the peer's queue");
         let missed = groups[1].recv::<half::bf16>(0, 8);
         assert!(
-            matches!(missed, Err(rlx_collective::CollectiveError::Timeout { .. })),
+            matches!(
+                missed,
+                Err(rlx_collective::CollectiveError::Unreceived { tag: 8, .. })
+            ),
             "{missed:?}"
         );
         let entries: Vec<Entry> = groups

@@ -291,9 +291,58 @@ impl ProcessGroup {
                     })
                 })
                 .map(|got| (peer, got))
-                .map_err(|error| in_elements(watch.blame(error), dtype))
+                .map_err(|error| {
+                    let error = in_elements(watch.blame(error), dtype);
+                    unreceived(transport, error, user_tag, dtype)
+                })
                 .inspect_err(|error| watch.on_failure(error))
         })
+    }
+}
+
+/// `error`, or, when it is a timeout waiting for a peer from which messages under other user
+/// tags wait unreceived, [`CollectiveError::Unreceived`] naming them: the usual cause of a
+/// point-to-point hang is a tag that differs between sender and receiver.
+fn unreceived(
+    transport: &dyn Transport,
+    error: CollectiveError,
+    tag: u32,
+    dtype: DType,
+) -> CollectiveError {
+    let CollectiveError::Timeout {
+        peer: Some(peer),
+        op,
+        after,
+    } = error
+    else {
+        return error;
+    };
+    let others: Vec<(u32, u64)> = transport
+        .unreceived_from(peer)
+        .into_iter()
+        .filter(|(t, _)| t.is_user() && t.raw() != u64::from(tag))
+        .map(|(t, bytes)| (t.raw() as u32, bytes))
+        .collect();
+    if others.is_empty() {
+        return CollectiveError::Timeout {
+            peer: Some(peer),
+            op,
+            after,
+        };
+    }
+    tracing::warn!(
+        peer,
+        tag,
+        ?others,
+        "a receive timed out beside messages under other tags"
+    );
+    CollectiveError::Unreceived {
+        op,
+        peer,
+        tag,
+        after,
+        unreceived: others,
+        dtype: Some(dtype),
     }
 }
 

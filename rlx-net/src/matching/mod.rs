@@ -249,6 +249,24 @@ impl State {
         })
     }
 
+    /// The messages from `from` that arrived or are arriving and wait for a receive, as (tag,
+    /// length in bytes), oldest first; failure notices are not messages.
+    pub(crate) fn unreceived_from(&mut self, from: u32) -> Vec<(Tag, u64)> {
+        let peer = self.peer(from);
+        peer.queue
+            .iter()
+            .filter_map(|q| match &q.body {
+                Body::Data(bytes) => Some((q.tag, bytes.len() as u64)),
+                Body::Arriving => peer
+                    .arriving
+                    .iter()
+                    .find(|a| a.seq == q.seq)
+                    .map(|a| (q.tag, a.total)),
+                Body::Failure(_) => None,
+            })
+            .collect()
+    }
+
     /// Starts a receive from `from` under `tag`: takes the first queued match, or posts.
     /// `capacity` is the receiver's buffer length (`None` when it wants a `Vec`).
     pub(crate) fn begin_recv(

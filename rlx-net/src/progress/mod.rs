@@ -165,6 +165,14 @@ impl Engine {
     }
 
     /// What this engine has moved so far.
+    /// See [`rlx_transport::Transport::unreceived_from`].
+    pub(crate) fn unreceived_from(&self, from: u32) -> Vec<(Tag, u64)> {
+        if from >= self.world || from == self.rank {
+            return Vec::new();
+        }
+        lock(&self.hub.state).unreceived_from(from)
+    }
+
     pub(crate) fn traffic(&self) -> rlx_transport::Traffic {
         self.traffic.snapshot()
     }

@@ -174,6 +174,12 @@ impl Transport for MemTransport {
             .deliver(self.rank, tag, Delivery::Failure(failure))
     }
 
+    fn unreceived_from(&self, from: u32) -> Vec<(Tag, u64)> {
+        self.own_inbox()
+            .map(|inbox| inbox.unreceived_from(from))
+            .unwrap_or_default()
+    }
+
     fn op_timeout(&self) -> Duration {
         self.op_timeout
     }
