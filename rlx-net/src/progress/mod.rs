@@ -164,7 +164,6 @@ impl Engine {
         self.cfg.op_timeout
     }
 
-    /// What this engine has moved so far.
     /// See [`rlx_transport::Transport::unreceived_from`].
     pub(crate) fn unreceived_from(&self, from: u32) -> Vec<(Tag, u64)> {
         if from >= self.world || from == self.rank {
@@ -173,6 +172,7 @@ impl Engine {
         lock(&self.hub.state).unreceived_from(from)
     }
 
+    /// What this engine has moved so far.
     pub(crate) fn traffic(&self) -> rlx_transport::Traffic {
         self.traffic.snapshot()
     }
