@@ -6,8 +6,8 @@
 //! the others are idle. Over `MemTransport` and over `TcpTransport` on loopback (threads).
 //! Crashes and SIGSTOP are in `shrink.rs` and `shrink_processes.rs`.
 //!
-//! `cargo test -p rlx-collective --test departure -- --ignored` runs the long form, 1000
-//! trials.
+//! `DEPARTURE_TRIALS=1000 cargo test -p rlx-collective --test departure` runs the long form
+//! (60 trials by default).
 
 mod common;
 
@@ -139,17 +139,17 @@ fn trial(draw: Draw) {
     }
 }
 
-#[test]
-fn a_rank_that_leaves_cleanly_is_left_out_and_nothing_of_the_old_group_remains() {
-    for seed in 0..60 {
-        trial(Draw::new(seed));
-    }
+/// How many trials run: `DEPARTURE_TRIALS`, else 60 (about 10 s on two cores).
+fn trials() -> u64 {
+    std::env::var("DEPARTURE_TRIALS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(60)
 }
 
 #[test]
-#[ignore = "the long form, 1000 trials (about ten minutes on two cores); run it by hand"]
-fn a_thousand_clean_departures() {
-    for seed in 0..1000 {
+fn a_rank_that_leaves_cleanly_is_left_out_and_nothing_of_the_old_group_remains() {
+    for seed in 0..trials() {
         trial(Draw::new(seed));
     }
 }
