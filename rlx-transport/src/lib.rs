@@ -42,6 +42,7 @@ mod dtype;
 mod element;
 pub mod env;
 mod error;
+mod failure;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ifname;
@@ -60,11 +61,11 @@ pub use delegate::Delegate;
 pub use dtype::{DType, ReduceKind, negotiate_reduce_dtype};
 pub use element::Element;
 pub use error::{CollectiveError, FatalCause, Result};
+pub use failure::{FAILURE_WIRE_LEN, Failure};
 pub use inbox::Inbox;
 pub use mem::{MemJoiner, MemTransport};
 pub use symmetric::{Region, Symmetric, SymmetricTransport};
 pub use tag::{EXCLUSION_TAG, TAG_RESERVED_BASE, TRANSPORT_GROUP, Tag};
 pub use transport::{
-    DEFAULT_OP_TIMEOUT, FAILURE_WIRE_LEN, Failure, MAX_SEGMENT_HINT, NativeCollectives, NativeOp,
-    Traffic, Transport,
+    DEFAULT_OP_TIMEOUT, MAX_SEGMENT_HINT, NativeCollectives, NativeOp, Traffic, Transport,
 };
