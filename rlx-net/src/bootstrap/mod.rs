@@ -79,7 +79,7 @@ fn log_peer_path(peer: usize, streams: &[TcpStream], interfaces: &[InterfaceAddr
 /// Establishes every link of this rank; see the module docs.
 pub(crate) fn establish(cfg: &BootConfig) -> Result<Established, CollectiveError> {
     let world = cfg.world as usize;
-    let mut links: Vec<Vec<TcpStream>> = (0..world).map(|_| Vec::new()).collect();
+    let links: Vec<Vec<TcpStream>> = (0..world).map(|_| Vec::new()).collect();
     if cfg.world == 1 {
         return Ok(Established {
             links,
@@ -169,12 +169,23 @@ pub(crate) fn establish(cfg: &BootConfig) -> Result<Established, CollectiveError
             .unwrap_or_else(|_| Err(CollectiveError::config("the accept thread panicked")));
         (accepted, outbound)
     });
-    let outbound = outbound?;
-    let accepted = accepted?;
+    let established = assemble(cfg, links, outbound?.into_iter().chain(accepted?))?;
+    tracing::info!(elapsed = ?started.elapsed(), "every link is up");
+    Ok(established)
+}
+
+/// Puts the connected and accepted `streams` (peer rank, link index, stream) in their places,
+/// tunes each and notes each peer's address: every link of every peer must be there.
+fn assemble(
+    cfg: &BootConfig,
+    mut links: Vec<Vec<TcpStream>>,
+    streams: impl Iterator<Item = (u32, u32, TcpStream)>,
+) -> Result<Established, CollectiveError> {
+    let world = cfg.world as usize;
     let mut slots: Vec<Vec<Option<TcpStream>>> = (0..world)
         .map(|_| (0..cfg.links).map(|_| None).collect())
         .collect();
-    for (rank, link, stream) in outbound.into_iter().chain(accepted) {
+    for (rank, link, stream) in streams {
         slots[rank as usize][link as usize] = Some(stream);
     }
     let mut addrs = vec![None; world];
@@ -196,6 +207,5 @@ pub(crate) fn establish(cfg: &BootConfig) -> Result<Established, CollectiveError
         }
         log_peer_path(rank, &links[rank], &interfaces);
     }
-    tracing::info!(elapsed = ?started.elapsed(), "every link is up");
     Ok(Established { links, addrs })
 }
