@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::cluster::{ClusterArgs, Scenario};
 use crate::cmd::{cargo, mlx_python, run_step, workspace_root};
 use crate::launch::{self, LaunchArgs};
-use crate::world::{TransportKind, WorldArgs};
+use crate::world::{LinkArgs, ProcessWorldArgs, TransportKind, WorldArgs};
 use crate::{bench, cluster, downstream, loom, macos, sanitize};
 
 /// Flags of `cargo xtask ci`.
@@ -240,7 +240,10 @@ pub(crate) fn cluster_runs() -> Result<Vec<(String, ClusterArgs)>, String> {
             ClusterArgs {
                 ranks: 4,
                 world: WorldArgs {
-                    netns: true,
+                    links: LinkArgs {
+                        netns: true,
+                        ..LinkArgs::default()
+                    },
                     ..WorldArgs::over(TransportKind::Tb)
                 },
                 ..ClusterArgs::ci()
@@ -253,7 +256,10 @@ pub(crate) fn cluster_runs() -> Result<Vec<(String, ClusterArgs)>, String> {
             ClusterArgs {
                 ranks: 4,
                 world: WorldArgs {
-                    netns: true,
+                    links: LinkArgs {
+                        netns: true,
+                        ..LinkArgs::default()
+                    },
                     ..WorldArgs::tcp()
                 },
                 repeat: Some(2),
@@ -304,7 +310,7 @@ fn examples() -> Result<(), String> {
         command.extend(args.iter().map(|a| a.into()));
         let launch = LaunchArgs {
             ranks: Some(4),
-            world: WorldArgs::tcp(),
+            world: ProcessWorldArgs::default(),
             hostfile: None,
             env: Vec::new(),
             grace: 5.0,

@@ -1,58 +1,92 @@
 //! The README's "Use it in your crate" section, checked as a new user would use it: its
 //! `Cargo.toml` lines and its program become a fresh crate outside the workspace, which is
-//! built against this checkout and launched as 4 ranks. A README that shows a dependency line
-//! or an API that no longer works fails CI.
+//! built against this checkout; the `rlx` command is installed with `cargo install`, as the
+//! section says, and launches it as 4 ranks. A README that shows a dependency line, an
+//! install command or an API that no longer works fails CI.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::cmd::{cargo, run_step, workspace_root};
-use crate::launch::{self, LaunchArgs};
-use crate::world::WorldArgs;
 
 /// The README section whose blocks make the crate.
 const SECTION: &str = "## Use it in your crate";
 /// How many ranks the crate is launched as.
 const RANKS: u32 = 4;
 
-/// Builds the README's crate and launches it as [`RANKS`] ranks over TCP.
+/// Builds the README's crate, installs `rlx` and launches the crate as [`RANKS`] ranks over
+/// TCP with it.
 pub(crate) fn check() -> Result<(), String> {
     let root = workspace_root();
     let readme = fs::read_to_string(root.join("README.md"))
         .map_err(|e| format!("downstream crate: cannot read README.md: {e}"))?;
-    let (manifest, program) = section_blocks(&readme)?;
+    let (manifest, program, commands) = section_blocks(&readme)?;
     let dir = root.join("target").join("downstream");
     write_crate(&dir, &manifest_for(&manifest, &root)?, &program)?;
+    // The workspace's target directory, so that the dependencies built for the tests and
+    // the examples are reused.
+    let target = root.join("target");
     run_step(
         "downstream crate (build)",
         cargo()
             .current_dir(&dir)
-            // The workspace's target directory, so that the dependencies built for the
-            // examples are reused.
-            .env("CARGO_TARGET_DIR", root.join("target"))
+            .env("CARGO_TARGET_DIR", &target)
             .args(["build", "--release"]),
     )?;
-    let binary = root.join("target").join("release").join("readme-program");
-    eprintln!("\n==> downstream crate: cargo xtask launch -n {RANKS} -- readme-program");
-    let launch = LaunchArgs {
-        ranks: Some(RANKS),
-        world: WorldArgs::tcp(),
-        hostfile: None,
-        env: Vec::new(),
-        grace: 5.0,
-        timeout_ms: Some(60_000),
-        command: vec![binary.into_os_string()],
-    };
-    match launch::run(&launch)? {
-        0 => Ok(()),
-        code => Err(format!(
-            "the README's program exited with code {code} as {RANKS} ranks"
-        )),
+    let rlx = install_rlx(&commands, &root, &dir)?;
+    let binary = target.join("release").join("readme-program");
+    eprintln!("\n==> downstream crate: rlx launch -n {RANKS} -- readme-program");
+    let status = std::process::Command::new(&rlx)
+        .args([
+            "launch",
+            "-n",
+            &RANKS.to_string(),
+            "--timeout-ms",
+            "60000",
+            "--",
+        ])
+        .arg(&binary)
+        .status()
+        .map_err(|e| format!("could not run {}: {e}", rlx.display()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the README's program failed as {RANKS} ranks under rlx launch ({status})"
+        ))
     }
 }
 
-/// The first `toml` and the first `rust` block of the README's [`SECTION`].
-fn section_blocks(readme: &str) -> Result<(String, String), String> {
+/// Installs the `rlx` command from this checkout into `dir`, the way the README's `sh` block
+/// (`commands`) says, and returns its path. The debug profile and the workspace's target
+/// directory reuse what the tests built, and `--locked` the versions they were tested with.
+fn install_rlx(commands: &str, root: &Path, dir: &Path) -> Result<PathBuf, String> {
+    let says = |words: &[&str]| {
+        commands
+            .lines()
+            .any(|line| words.iter().all(|word| line.contains(word)))
+    };
+    if !says(&["cargo install", "rlx-cli"]) || !says(&["rlx launch"]) {
+        return Err(format!(
+            "README.md's {SECTION:?}: its sh block does not install rlx-cli with cargo install \
+             and run the program with rlx launch"
+        ));
+    }
+    let install_root = dir.join("cli");
+    run_step(
+        "downstream crate (cargo install rlx-cli)",
+        cargo()
+            .env("CARGO_TARGET_DIR", root.join("target"))
+            .args(["install", "--debug", "--locked", "--force", "--path"])
+            .arg(root.join("rlx-cli"))
+            .arg("--root")
+            .arg(&install_root),
+    )?;
+    Ok(install_root.join("bin").join("rlx"))
+}
+
+/// The first `toml`, `rust` and `sh` blocks of the README's [`SECTION`].
+fn section_blocks(readme: &str) -> Result<(String, String, String), String> {
     let start = readme
         .find(SECTION)
         .ok_or_else(|| format!("README.md has no section {SECTION:?}"))?;
@@ -69,7 +103,7 @@ fn section_blocks(readme: &str) -> Result<(String, String), String> {
             .ok_or_else(|| format!("README.md's {SECTION:?}: an unclosed {fence} block"))?;
         Ok::<_, String>(body[from..from + len].to_owned())
     };
-    Ok((block("toml")?, block("rust")?))
+    Ok((block("toml")?, block("rust")?, block("sh")?))
 }
 
 /// The crate's manifest: a package of its own (not a member of this workspace) with the
@@ -126,8 +160,9 @@ mod tests {
     #[test]
     fn the_readme_section_makes_a_crate_pointed_at_this_checkout() {
         let readme = fs::read_to_string(workspace_root().join("README.md")).unwrap();
-        let (toml, program) = section_blocks(&readme).unwrap();
+        let (toml, program, commands) = section_blocks(&readme).unwrap();
         assert!(program.contains("rlx_collective::init()"), "{program}");
+        assert!(commands.contains("rlx launch"), "{commands}");
         let manifest = manifest_for(&toml, Path::new("/checkout")).unwrap();
         assert!(
             manifest.contains("path = \"/checkout/rlx-collective\""),

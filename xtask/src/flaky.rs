@@ -38,7 +38,7 @@ pub(crate) struct FlakyArgs {
     #[arg(long)]
     pub(crate) list: bool,
     /// Chooses the tests whose `target::name` contains any of these strings (`tcp_exchange`,
-    /// `wire_bytes::ring`, `xtask::doctor`). Without one, every test of the targets that start
+    /// `wire_bytes::ring`, `doctor_links`). Without one, every test of the targets that start
     /// processes, create network namespaces or inject faults runs ([`DEFAULT_TARGETS`]).
     pub(crate) filters: Vec<String>,
 }
@@ -81,7 +81,10 @@ pub(crate) const DEFAULT_TARGETS: &[&str] = &[
     "wire_bytes",
     "worker_threads",
     "wrong_tag",
-    // xtask: the doctor and the launcher in network namespaces, the cluster's checks.
+    // rlx-cli: the launcher and the doctor, in network namespaces and against lossy links.
+    "rlx_cli",
+    "doctor_links",
+    // xtask: the cluster's checks.
     "xtask",
 ];
 
@@ -108,7 +111,7 @@ struct TestCase {
     dir: PathBuf,
     /// Whether a hunt without a filter runs it.
     default: bool,
-    /// The release xtask binary its ranks run (see `world::RANK_BINARY_VAR`), once chosen.
+    /// The release xtask binary its ranks run (see `ranks::RANK_BINARY_VAR`), once chosen.
     rank_binary: Option<PathBuf>,
 }
 
@@ -337,7 +340,7 @@ fn run_once(case: &TestCase, log: &Path, limit: Duration) -> Result<Result<(), S
         .args(&case.args)
         .stdin(Stdio::null());
     if let Some(binary) = &case.rank_binary {
-        command.env(crate::world::RANK_BINARY_VAR, binary);
+        command.env(crate::ranks::RANK_BINARY_VAR, binary);
     }
     match supervise(&mut command, log, limit) {
         Supervised::Exited(status) if status.success() => Ok(Ok(())),

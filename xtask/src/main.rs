@@ -3,25 +3,23 @@
 //! runs chosen tests many times beside busy threads to find those that depend on scheduling;
 //! `test-cluster` and `bench` launch real multi-process jobs, whose ranks are this same binary
 //! re-executed with a hidden subcommand; `bench-ab` runs two builds' benches in turn to compare
-//! them; `launch` runs a user's own program as the ranks.
+//! them; `launch`, `doctor` and `flight-report` are aliases of the installable `rlx` command's
+//! (crate `rlx-cli`).
 
 mod bench;
 mod ci;
 mod cluster;
 mod cmd;
-mod doctor;
 mod downstream;
 mod flaky;
-mod flight_report;
-mod job;
-mod launch;
 mod loom;
 mod macos;
-mod netns;
+mod ranks;
 mod sanitize;
 mod supervise;
-mod tcp_counters;
-mod world;
+
+// The `rlx` command's modules, under the names the rest of xtask uses.
+use rlx_cli::{doctor, flight_report, job, launch, netns, tcp_counters, world};
 
 use std::process::ExitCode;
 
@@ -107,7 +105,10 @@ fn main() -> ExitCode {
         Command::FlightReport(args) => flight_report::run(&args),
         Command::Flaky(args) => flaky::run(&args),
         Command::CiCluster { index } => ci::cluster_run(index),
-        Command::Doctor(args) => doctor::run(&args),
+        // The doctor's ranks are this binary's release build, so they measure at full speed
+        // even under a debug `cargo xtask`.
+        Command::Doctor(args) => ranks::rank_binary(args.world.transport.into())
+            .and_then(|binary| doctor::run(&args, &binary)),
         Command::DoctorRank => doctor::rank_main(),
         Command::ReadmeCrate => downstream::check(),
         Command::MacosCheck => macos::Toolchain::find().and_then(|t| macos::check(&t)),

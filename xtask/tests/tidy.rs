@@ -195,7 +195,8 @@ fn library_literals() -> Vec<(String, PathBuf)> {
 /// The README's table of variables lists exactly the variables the libraries read: every
 /// `"RLX_..."` name in a library's sources is a row of it (or of the small table of the tools'
 /// variables), every row is read by some library, and the names live only in each crate's
-/// `env.rs`. The tools' variables of xtask must be in one of the two tables too.
+/// `env.rs`. The tools' variables (xtask's and the `rlx` command's) must be in one of the two
+/// tables too.
 #[test]
 fn readme_variable_table_matches_the_code() {
     let (main, tools) = readme_variable_tables();
@@ -228,7 +229,9 @@ fn readme_variable_table_matches_the_code() {
 
     let root = workspace_root();
     let mut tool_files = Vec::new();
-    rust_files(&root.join("xtask").join("src"), &mut tool_files);
+    for tool in ["xtask", "rlx-cli"] {
+        rust_files(&root.join(tool).join("src"), &mut tool_files);
+    }
     let mut tool_text = String::new();
     for file in &tool_files {
         let text = fs::read_to_string(file).unwrap_or_default();

@@ -908,7 +908,7 @@ mod tests {
     fn the_reader_understands_what_bench_writes() {
         let mut bench = BenchArgs::smoke();
         bench.ranks = 4;
-        bench.world.netns = true;
+        bench.world.links.netns = true;
         let combo = Combo {
             op: BenchOp::AllReduce,
             dtype: DType::F32,

@@ -25,8 +25,9 @@ use std::time::Duration;
 
 use rlx_collective::{Compression, DType, ReduceKind};
 
+use crate::ranks;
 use crate::tcp_counters::Segments;
-use crate::world::{self, World};
+use crate::world::World;
 pub(crate) use args::BenchArgs;
 use measure::{BenchOp, Combo, Reply, Step};
 use report::{
@@ -90,7 +91,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
     let config = args.world.config(args.ranks, None);
     config.validate()?;
     // Build first: a long build must not hold network namespaces or ports.
-    let binary = world::rank_binary(args.world.transport)?;
+    let binary = ranks::rank_binary(args.world.transport)?;
     let world = World::prepare(&config)?;
     let rank_args = vec![
         "__bench-rank".to_owned(),

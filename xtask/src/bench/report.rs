@@ -325,7 +325,7 @@ pub(super) fn write_json(
     let doc = serde_json::json!({
         "ranks": args.ranks,
         "transport": args.world.transport.name(),
-        "netns": args.world.netns,
+        "netns": args.world.links.netns,
         "iters": args.iters,
         "warmup": args.warmup,
         "budget_bytes": measure::parse_size(&args.budget)?,

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use super::measure::{Reply, Step};
 use crate::cmd::workspace_root;
 use crate::job::{self, ChildSpec, Job, Output, Stream};
-use crate::world::scratch_dir;
+use crate::ranks::scratch_dir;
 
 /// How long a system may take to start (torch's import alone takes seconds on this machine).
 const START_TIMEOUT: Duration = Duration::from_secs(120);

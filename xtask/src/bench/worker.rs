@@ -17,7 +17,8 @@ use rlx_collective::{CollectiveError, Compressor, DType, ProcessGroup, ReduceKin
 
 use super::check::{self, POISON};
 use super::measure::{self, BenchOp, Reply, Step};
-use crate::world::{self, TransportKind};
+use crate::ranks;
+use crate::world::TransportKind;
 
 /// The user tag of the sendrecv benchmark's messages.
 const SENDRECV_TAG: u32 = 7;
@@ -38,9 +39,9 @@ pub(crate) struct BenchRankArgs {
 
 /// Runs the rank(s) until stdin ends or says `quit`.
 pub(crate) fn run(args: &BenchRankArgs) -> Result<(), String> {
-    let groups = world::join(args.transport, args.ranks)?;
+    let groups = ranks::join(args.transport, args.ranks)?;
     for group in &groups {
-        world::force_algorithms(group, &args.algorithm)?;
+        ranks::force_algorithms(group, &args.algorithm)?;
     }
     let stdin_lines = std::io::stdin().lock().lines().map_while(Result::ok);
     match <[ProcessGroup; 1]>::try_from(groups) {

@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 
 use crate::flight_report;
 use crate::job::{ChildSpec, Job};
-use crate::world::{self, TransportKind, World};
+use crate::ranks;
+use crate::world::{TransportKind, World};
 pub(crate) use args::{ClusterArgs, Scenario};
 use fault::{Fault, FaultKind, Point};
 use monitor::Monitor;
@@ -83,7 +84,7 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), String> {
     let config = args.world.config(args.ranks, timeout_ms);
     config.validate()?;
     // Build first: a long build must not hold network namespaces or ports.
-    let binary = world::rank_binary(args.world.transport)?;
+    let binary = ranks::rank_binary(args.world.transport)?;
     let world = World::prepare(&config)?;
     let mut rank_args = vec![
         "__rank".to_owned(),
@@ -113,7 +114,7 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), String> {
     // A rank killed in the rendezvous leaves the ranks nothing to record.
     let flight_dir = match &fault {
         Some(_) if !in_bootstrap => {
-            let dir = world::scratch_dir()?.join(format!("flight-{}", std::process::id()));
+            let dir = ranks::scratch_dir()?.join(format!("flight-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&dir);
             Some(dir)
         }
@@ -135,12 +136,13 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), String> {
         "test-cluster: {} ranks over {}{}{}{}",
         args.ranks,
         args.world.transport.name(),
-        if args.world.netns {
+        if args.world.links.netns {
             ", one network namespace per rank (thunderbolt0 links)"
         } else {
             ""
         },
         args.world
+            .links
             .rate
             .as_deref()
             .map(|r| format!(", links limited to {r}"))

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use super::args::ClusterArgs;
 use super::events::{Event, Usage};
 use crate::job::{Job, Output, Stream};
-use crate::world::{self, World};
+use crate::ranks;
+use crate::world::World;
 
 /// How much a rank's resident memory may grow from the first window to the last: two of the
 /// largest buffers a round moves (an allocator may keep freed ones for reuse).
@@ -94,7 +95,7 @@ pub(super) fn run(args: &ClusterArgs, duration: Duration) -> Result<(), String> 
     }
     let config = args.world.config(args.ranks, args.timeout_ms);
     config.validate()?;
-    let binary = world::rank_binary(args.world.transport)?;
+    let binary = ranks::rank_binary(args.world.transport)?;
     let world = World::prepare(&config)?;
     let rank_args = vec![
         "__rank".to_owned(),

@@ -19,8 +19,9 @@ use rlx_collective::conformance::SplitMix;
 
 use super::args::{ClusterArgs, Scenario};
 use super::worker;
+use crate::ranks;
 use crate::supervise::{Supervised, supervise};
-use crate::world::{self, TransportKind};
+use crate::world::TransportKind;
 
 /// The ranks' operation timeout in every trial: short, so that a stall is found in seconds.
 const TRIAL_TIMEOUT_MS: u64 = 3000;
@@ -157,17 +158,17 @@ pub(super) fn run(args: &ClusterArgs, repeat: u32) -> Result<(), String> {
             "fault trials kill and stop processes: use a transport of processes".to_owned(),
         );
     }
-    let binary = world::rank_binary(args.world.transport)?;
-    let dir = world::scratch_dir()?.join(format!("trials-{}", std::process::id()));
+    let binary = ranks::rank_binary(args.world.transport)?;
+    let dir = ranks::scratch_dir()?.join(format!("trials-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let scenarios = if args.scenario.is_empty() {
-        Scenario::defaults(args.world.netns)
+        Scenario::defaults(args.world.links.netns)
     } else {
         args.scenario.clone()
     };
     if let Some(scenario) = scenarios
         .iter()
-        .find(|s| s.needs_netns() && !args.world.netns)
+        .find(|s| s.needs_netns() && !args.world.links.netns)
     {
         return Err(format!(
             "the {} scenario cuts a rank's link: it needs --netns",
@@ -288,7 +289,7 @@ fn run_trial(
         .arg("--json")
         .arg(&json)
         .stdin(Stdio::null());
-    if args.world.netns {
+    if args.world.links.netns {
         command.arg("--netns");
     }
     let outcome = supervise(&mut command, &log, TRIAL_HARD_DEADLINE);

@@ -21,7 +21,8 @@ use rlx_collective::{CollectiveOp, DType, ProcessGroup, ReduceKind};
 use super::events::{CaseRecord, ErrorRecord, Event};
 use super::fault::{Fault, FaultKind, Point, Trigger};
 use super::soak_rank;
-use crate::world::{self, TransportKind};
+use crate::ranks;
+use crate::world::TransportKind;
 
 /// The element counts of `--quick`: empty, one, a prime, and a thousand.
 const QUICK_SIZES: [usize; 4] = [0, 1, 13, 1000];
@@ -180,7 +181,7 @@ pub(crate) fn run(args: &RankArgs) -> Result<(), String> {
         let group = rlx_collective::join().map_err(|e| format!("could not join the job: {e}"))?;
         vec![group]
     } else {
-        match world::join(args.transport, args.ranks) {
+        match ranks::join(args.transport, args.ranks) {
             Ok(groups) => groups,
             Err(message) => {
                 report_failed_join(&message);

@@ -15,14 +15,14 @@ use std::process::Command;
 use crate::job;
 
 /// The prefix of every namespace this module creates.
-pub(crate) const PREFIX: &str = "rlxtc-";
+pub const PREFIX: &str = "rlxtc-";
 
 /// The interface name every rank sees.
-pub(crate) const IFNAME: &str = "thunderbolt0";
+pub const IFNAME: &str = "thunderbolt0";
 
 /// The namespaces of one job. Dropping it deletes them all.
 #[derive(Debug)]
-pub(crate) struct Topology {
+pub struct Topology {
     key: String,
     hub: String,
     ranks: Vec<String>,
@@ -31,7 +31,7 @@ pub(crate) struct Topology {
 impl Topology {
     /// Creates the hub and `world` rank namespaces, with a `tbf` rate limit (`"20gbit"`) on each
     /// rank's link when `rate` is given.
-    pub(crate) fn create(world: u32, rate: Option<&str>) -> Result<Topology, String> {
+    pub fn create(world: u32, rate: Option<&str>) -> Result<Topology, String> {
         if world > 250 {
             return Err(format!(
                 "--netns supports at most 250 ranks (one /24), not {world}"
@@ -95,13 +95,13 @@ impl Topology {
     }
 
     /// The address of `rank` on its `thunderbolt0` link.
-    pub(crate) fn address_of(rank: u32) -> Ipv4Addr {
+    pub fn address_of(rank: u32) -> Ipv4Addr {
         // `create` refuses worlds above 250, so the last octet stays in 1..=250.
         Ipv4Addr::new(10, 213, 0, u8::try_from(rank + 1).unwrap_or(u8::MAX))
     }
 
     /// The namespace of `rank`.
-    pub(crate) fn namespace_of(&self, rank: u32) -> Option<&str> {
+    pub fn namespace_of(&self, rank: u32) -> Option<&str> {
         self.ranks.get(rank as usize).map(String::as_str)
     }
 
@@ -109,7 +109,7 @@ impl Topology {
     /// packet (a `pfifo` queue of length 0 replaces the root qdisc, and any rate limit with it:
     /// this kernel has neither the `prio` qdisc nor the drop action of `matchall`); the link
     /// stays up. Otherwise its switch port goes down, as when a cable is pulled.
-    pub(crate) fn cut(&self, rank: u32, drop_all: bool) -> Result<(), String> {
+    pub fn cut(&self, rank: u32, drop_all: bool) -> Result<(), String> {
         let ns = self
             .namespace_of(rank)
             .ok_or_else(|| format!("there is no namespace of rank {rank} to cut"))?;
@@ -138,7 +138,7 @@ impl Drop for Topology {
 /// The `tbf` bucket for `rate` (tc's syntax: `20gbit`, `800mbit`, `100mbps`...): at least one
 /// timer tick's worth of bytes at that rate (tc-tbf(8): rate / HZ, with HZ taken as 250, the
 /// smallest common value) so that the qdisc can reach the rate, and never below 64 KiB.
-pub(crate) fn burst_bytes(rate: &str) -> Result<u64, String> {
+pub fn burst_bytes(rate: &str) -> Result<u64, String> {
     let lower = rate.trim().to_ascii_lowercase();
     let split = lower
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -168,7 +168,7 @@ pub(crate) fn burst_bytes(rate: &str) -> Result<u64, String> {
 }
 
 /// Whether we can manage namespaces here (root and `ip` present); an error says what is missing.
-pub(crate) fn check_available() -> Result<(), String> {
+pub fn check_available() -> Result<(), String> {
     // SAFETY: `geteuid` has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
     if euid != 0 {
@@ -180,17 +180,17 @@ pub(crate) fn check_available() -> Result<(), String> {
 }
 
 /// For a test that needs namespaces: whether it can run. When it cannot, it says why on stderr
-/// and the test returns early; under `CI=true`, where CI runs as root with iproute2, it fails
-/// instead.
-#[cfg(test)]
-pub(crate) fn available_for_test(test: &str) -> bool {
+/// and the test returns early.
+///
+/// # Panics
+///
+/// Under `CI=true`, where CI runs as root with iproute2, when namespaces are not available:
+/// there the test fails instead of skipping.
+pub fn available_for_test(test: &str) -> bool {
     match check_available() {
         Ok(()) => true,
         Err(reason) => {
-            assert!(
-                !crate::ci::in_ci(),
-                "CI=true, yet {test} cannot run: {reason}"
-            );
+            assert!(!crate::in_ci(), "CI=true, yet {test} cannot run: {reason}");
             eprintln!("{test} skipped: {reason}");
             false
         }
@@ -219,7 +219,7 @@ fn remove_leftovers() {
         let pid = rest.split('-').next().unwrap_or_default();
         let alive = !pid.is_empty() && std::path::Path::new("/proc").join(pid).exists();
         if !alive {
-            eprintln!("xtask: removing namespace {ns} left by an earlier run");
+            eprintln!("rlx: removing namespace {ns} left by an earlier run");
             // Failing to remove a leftover is reported by the `ip netns add` that clashes.
             let _ = run(Command::new("ip").args(["netns", "del", &ns]));
         }

@@ -1,4 +1,4 @@
-//! `cargo xtask flight-report DIR`: reads the flight records that the ranks of a job wrote to
+//! `rlx flight-report DIR`: reads the flight records that the ranks of a job wrote to
 //! `DIR` (`RLX_FLIGHT_RECORDER=DIR`, one `rank-<r>.jsonl` per rank) and says what a user needs
 //! to know about a hang or a failure: how far every rank got, the first operation that some
 //! rank never entered (and what that rank was doing instead), operations that differ between
@@ -12,14 +12,14 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use serde::Deserialize;
 
-/// Flags of `cargo xtask flight-report`.
+/// Flags of `rlx flight-report`.
 #[derive(Debug, Args)]
-pub(crate) struct FlightReportArgs {
+pub struct FlightReportArgs {
     /// The directory the ranks dumped their records to.
-    pub(crate) dir: PathBuf,
+    pub dir: PathBuf,
     /// The job's world size, so that ranks without a record are named too.
     #[arg(long)]
-    pub(crate) world: Option<u32>,
+    pub world: Option<u32>,
 }
 
 /// One line of a rank's record (the fields `rlx_collective::flight::FlightEntry` writes).
@@ -82,7 +82,7 @@ impl Entry {
 }
 
 /// Prints the report of the records in `args.dir`.
-pub(crate) fn run(args: &FlightReportArgs) -> Result<(), String> {
+pub fn run(args: &FlightReportArgs) -> Result<(), String> {
     let entries = read_dir(&args.dir)?;
     print!("{}", diagnose(&entries, args.world));
     Ok(())
@@ -92,7 +92,7 @@ pub(crate) fn run(args: &FlightReportArgs) -> Result<(), String> {
 /// killed or stalled, removes them, and checks that it names the victim and the operation each
 /// survivor was left in. (The survivors need not be in the fault point's collective: those that
 /// did not need the victim there went on to the next one.)
-pub(crate) fn check_names_faulty_rank(dir: &Path, victim: u32, ranks: u32) -> Result<(), String> {
+pub fn check_names_faulty_rank(dir: &Path, victim: u32, ranks: u32) -> Result<(), String> {
     let report = print_and_remove(dir, ranks)?;
     let named = report.contains(&format!("rank {victim}: left no record"))
         || report.contains(&format!("rank {victim} never entered"));
@@ -113,11 +113,7 @@ pub(crate) fn check_names_faulty_rank(dir: &Path, victim: u32, ranks: u32) -> Re
 /// off enters its operations as the others do, and each side sees the other go silent, so the
 /// records cannot single it out (its name comes from the survivors' errors); and when what it
 /// needed had reached it before the cut, it finishes and leaves no record at all.
-pub(crate) fn check_names_survivors_operations(
-    dir: &Path,
-    victim: u32,
-    ranks: u32,
-) -> Result<(), String> {
+pub fn check_names_survivors_operations(dir: &Path, victim: u32, ranks: u32) -> Result<(), String> {
     let report = print_and_remove(dir, ranks)?;
     match (0..ranks).find(|&r| r != victim && !names_operation_of(&report, r)) {
         None => Ok(()),

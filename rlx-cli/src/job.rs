@@ -28,29 +28,29 @@ type Cleanup = fn(&str);
 static CLEANUPS: Mutex<BTreeMap<String, Cleanup>> = Mutex::new(BTreeMap::new());
 
 /// Installs the Ctrl-C / SIGTERM handler once per process. Safe to call many times.
-pub(crate) fn install_interrupt_handler() {
+pub fn install_interrupt_handler() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let installed = ctrlc::set_handler(|| {
-            eprintln!("\nxtask: interrupted; killing every rank and cleaning up");
+            eprintln!("\nrlx: interrupted; killing every rank and cleaning up");
             kill_all_registered();
             run_registered_cleanups();
             std::process::exit(130);
         });
         if let Err(e) = installed {
-            eprintln!("xtask: could not install the Ctrl-C handler ({e}); an interrupt may leave ranks behind");
+            eprintln!("rlx: could not install the Ctrl-C handler ({e}); an interrupt may leave ranks behind");
         }
     });
 }
 
 /// Registers `cleanup(key)` to run if the launcher is interrupted before
 /// [`unregister_cleanup`]`(key)` is called.
-pub(crate) fn register_cleanup(key: &str, cleanup: Cleanup) {
+pub fn register_cleanup(key: &str, cleanup: Cleanup) {
     lock(&CLEANUPS).insert(key.to_owned(), cleanup);
 }
 
 /// Removes a cleanup registered with [`register_cleanup`] (the normal path ran it itself).
-pub(crate) fn unregister_cleanup(key: &str) {
+pub fn unregister_cleanup(key: &str) {
     lock(&CLEANUPS).remove(key);
 }
 
@@ -90,38 +90,38 @@ fn kill_pid(pid: u32) {
 
 /// `n` distinct free TCP ports on the loopback interface, outside the kernel's ephemeral
 /// range (see `rlx_transport::ports`): ranks listen on them a moment later.
-pub(crate) fn free_ports(n: usize) -> Result<Vec<u16>, String> {
+pub fn free_ports(n: usize) -> Result<Vec<u16>, String> {
     rlx_transport::ports::free_loopback_ports(n).map_err(|e| e.to_string())
 }
 
 /// One free TCP port on the loopback interface, as [`free_ports`] chooses them.
-pub(crate) fn free_port() -> Result<u16, String> {
+pub fn free_port() -> Result<u16, String> {
     free_ports(1).map(|ports| ports[0])
 }
 
 /// How to start one child of a job.
 #[derive(Debug, Clone)]
-pub(crate) struct ChildSpec {
+pub struct ChildSpec {
     /// A short name for messages (`"rank 2"`, `"openmpi"`).
-    pub(crate) label: String,
+    pub label: String,
     /// The program to execute.
-    pub(crate) program: PathBuf,
+    pub program: PathBuf,
     /// Its arguments.
-    pub(crate) args: Vec<OsString>,
+    pub args: Vec<OsString>,
     /// Variables added to the inherited environment.
-    pub(crate) env: Vec<(String, String)>,
+    pub env: Vec<(String, String)>,
     /// Variables removed from the inherited environment (so that a user's own `RLX_*` settings
     /// cannot leak into a launched rank).
-    pub(crate) env_remove: Vec<String>,
+    pub env_remove: Vec<String>,
     /// The network namespace to run it in (`ip netns exec NAME`), if any.
-    pub(crate) netns: Option<String>,
+    pub netns: Option<String>,
     /// The CPU to bind it to (Linux), if any.
-    pub(crate) cpu: Option<usize>,
+    pub cpu: Option<usize>,
 }
 
 impl ChildSpec {
     /// A spec for `program` with no arguments, environment changes or namespace.
-    pub(crate) fn new(label: impl Into<String>, program: impl Into<PathBuf>) -> ChildSpec {
+    pub fn new(label: impl Into<String>, program: impl Into<PathBuf>) -> ChildSpec {
         ChildSpec {
             label: label.into(),
             program: program.into(),
@@ -135,13 +135,13 @@ impl ChildSpec {
 
     /// Binds the child to one CPU (on Linux; elsewhere it runs unbound), as `mpirun` binds its
     /// ranks.
-    pub(crate) fn on_cpu(mut self, cpu: usize) -> ChildSpec {
+    pub fn on_cpu(mut self, cpu: usize) -> ChildSpec {
         self.cpu = Some(cpu);
         self
     }
 
     /// Appends arguments.
-    pub(crate) fn args<I, S>(mut self, args: I) -> ChildSpec
+    pub fn args<I, S>(mut self, args: I) -> ChildSpec
     where
         I: IntoIterator<Item = S>,
         S: Into<OsString>,
@@ -151,7 +151,7 @@ impl ChildSpec {
     }
 
     /// Sets one environment variable.
-    pub(crate) fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> ChildSpec {
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> ChildSpec {
         self.env.push((key.into(), value.into()));
         self
     }
@@ -200,7 +200,7 @@ impl ChildSpec {
 
 /// Which stream of a child a line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stream {
+pub enum Stream {
     /// Standard output (the machine-readable protocol).
     Stdout,
     /// Standard error (logs, shown to the user).
@@ -209,7 +209,7 @@ pub(crate) enum Stream {
 
 /// Something a child did, in the order the launcher observed it.
 #[derive(Debug)]
-pub(crate) enum Output {
+pub enum Output {
     /// One line (without its newline) on one of its streams.
     Line {
         /// Index of the child in the job.
@@ -228,7 +228,7 @@ pub(crate) enum Output {
 
 /// The children of one job. Dropping it kills and reaps every child still running.
 #[derive(Debug)]
-pub(crate) struct Job {
+pub struct Job {
     labels: Vec<String>,
     children: Vec<Option<Child>>,
     stdins: Vec<Option<ChildStdin>>,
@@ -239,7 +239,7 @@ pub(crate) struct Job {
 
 impl Job {
     /// Starts every child. If one cannot be started, the ones already started are killed.
-    pub(crate) fn spawn(specs: &[ChildSpec]) -> Result<Job, String> {
+    pub fn spawn(specs: &[ChildSpec]) -> Result<Job, String> {
         install_interrupt_handler();
         let (tx, rx) = channel();
         let mut job = Job {
@@ -257,7 +257,7 @@ impl Job {
     }
 
     /// Starts one more child (a replacement for one that ended, say); returns its index.
-    pub(crate) fn add(&mut self, spec: &ChildSpec) -> Result<usize, String> {
+    pub fn add(&mut self, spec: &ChildSpec) -> Result<usize, String> {
         let index = self.children.len();
         // The registry lock is held across the spawn so that an interrupt arriving in
         // between cannot miss the new child.
@@ -294,13 +294,13 @@ impl Job {
     }
 
     /// The label of child `index`.
-    pub(crate) fn label(&self, index: usize) -> &str {
+    pub fn label(&self, index: usize) -> &str {
         self.labels.get(index).map_or("?", String::as_str)
     }
 
     /// The next output of any child, waiting at most `timeout`. `None` on deadline, or when
     /// every stream is closed.
-    pub(crate) fn next(&self, timeout: Duration) -> Option<Output> {
+    pub fn next(&self, timeout: Duration) -> Option<Output> {
         match self.rx.recv_timeout(timeout) {
             Ok(output) => Some(output),
             Err(RecvTimeoutError::Timeout) => None,
@@ -313,7 +313,7 @@ impl Job {
     }
 
     /// Writes `line` and a newline to child `index`'s stdin.
-    pub(crate) fn send_line(&mut self, index: usize, line: &str) -> Result<(), String> {
+    pub fn send_line(&mut self, index: usize, line: &str) -> Result<(), String> {
         let label = self.label(index).to_owned();
         let stdin = self
             .stdins
@@ -326,14 +326,14 @@ impl Job {
     }
 
     /// Closes child `index`'s stdin (workers exit when it reaches end of file).
-    pub(crate) fn close_stdin(&mut self, index: usize) {
+    pub fn close_stdin(&mut self, index: usize) {
         if let Some(slot) = self.stdins.get_mut(index) {
             slot.take();
         }
     }
 
     /// Kills child `index` with SIGKILL (no-op when it already ended) and reaps it.
-    pub(crate) fn kill(&mut self, index: usize) {
+    pub fn kill(&mut self, index: usize) {
         if let Some(child) = self.children.get_mut(index).and_then(Option::take) {
             reap(child, true, &mut self.statuses[index]);
         }
@@ -341,7 +341,7 @@ impl Job {
 
     /// Sends SIGCONT to child `index`, resuming a rank that stopped itself with SIGSTOP
     /// (no-op when it already ended).
-    pub(crate) fn resume(&mut self, index: usize) {
+    pub fn resume(&mut self, index: usize) {
         let Some(child) = self.children.get(index).and_then(Option::as_ref) else {
             return;
         };
@@ -356,7 +356,7 @@ impl Job {
     }
 
     /// Whether child `index` has exited, reaping it if so; its exit status when known.
-    pub(crate) fn poll_exit(&mut self, index: usize) -> Option<ExitStatus> {
+    pub fn poll_exit(&mut self, index: usize) -> Option<ExitStatus> {
         if let Some(status) = self.statuses.get(index).copied().flatten() {
             return Some(status);
         }
@@ -375,7 +375,7 @@ impl Job {
 
     /// Waits up to `grace` for every child to exit by itself (after its stdin was closed),
     /// then kills the rest. Returns each child's exit status (`None` when it had to be killed).
-    pub(crate) fn finish(&mut self, grace: Duration) -> Vec<Option<ExitStatus>> {
+    pub fn finish(&mut self, grace: Duration) -> Vec<Option<ExitStatus>> {
         for index in 0..self.stdins.len() {
             self.close_stdin(index);
         }

@@ -8,20 +8,22 @@ use serde::{Deserialize, Serialize};
 
 /// TCP segments sent, and how many of them were sends again of lost or reordered ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Segments {
-    pub(crate) sent: u64,
-    pub(crate) retransmitted: u64,
+pub struct Segments {
+    /// Segments sent.
+    pub sent: u64,
+    /// Of them, those sent again.
+    pub retransmitted: u64,
 }
 
 impl Segments {
     /// The counters of this process's network namespace.
-    pub(crate) fn now() -> Option<Segments> {
+    pub fn now() -> Option<Segments> {
         parse(&std::fs::read_to_string("/proc/net/snmp").ok()?)
     }
 
     /// The counters of the named network namespace (`ip netns exec`, which mounts that
     /// namespace's view of `/proc/net`).
-    pub(crate) fn in_namespace(namespace: &str) -> Option<Segments> {
+    pub fn in_namespace(namespace: &str) -> Option<Segments> {
         let output = Command::new("ip")
             .args(["netns", "exec", namespace, "cat", "/proc/net/snmp"])
             .output()
@@ -33,7 +35,7 @@ impl Segments {
     }
 
     /// What was counted between `self` and `later`.
-    pub(crate) fn until(self, later: Segments) -> Segments {
+    pub fn until(self, later: Segments) -> Segments {
         Segments {
             sent: later.sent.saturating_sub(self.sent),
             retransmitted: later.retransmitted.saturating_sub(self.retransmitted),
@@ -44,12 +46,12 @@ impl Segments {
     /// healthy wired link sends nothing again in a transfer of tens of megabytes; one in ten
     /// thousand segments already costs a ring collective whole round trips (and at worst a
     /// retransmission timeout of 200 ms) a few times per gigabyte.
-    pub(crate) fn lossy(self) -> bool {
+    pub fn lossy(self) -> bool {
         self.retransmitted >= 10 && self.retransmitted.saturating_mul(10_000) >= self.sent
     }
 
     /// The share of segments sent again, as tables and advice print it.
-    pub(crate) fn percent(self) -> String {
+    pub fn percent(self) -> String {
         let share = self.retransmitted as f64 * 100.0 / self.sent.max(1) as f64;
         format!("{share:.3}%")
     }

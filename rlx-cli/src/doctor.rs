@@ -1,4 +1,4 @@
-//! `cargo xtask doctor`: a pre-flight check of the links a job would use. It starts the ranks
+//! `rlx doctor`: a pre-flight check of the links a job would use. It starts the ranks
 //! the way a job starts (the same launch environment, `--netns` included), and every rank
 //! reports, for each peer, the local interface and address the kernel routes to it through,
 //! that interface's MTU, whether it is wireless or loopback, the round-trip time (median and
@@ -13,6 +13,7 @@
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
@@ -20,24 +21,24 @@ use serde::{Deserialize, Serialize};
 
 use crate::job::{ChildSpec, Job, Output, Stream};
 use crate::tcp_counters::Segments;
-use crate::world::{self, World, WorldArgs};
+use crate::world::{ProcessWorldArgs, World};
 
-/// Flags of `cargo xtask doctor`.
+/// Flags of `rlx doctor`.
 #[derive(Debug, Args)]
-pub(crate) struct DoctorArgs {
+pub struct DoctorArgs {
     /// Number of ranks.
     #[arg(short = 'n', long = "ranks", default_value_t = 2)]
-    pub(crate) ranks: u32,
+    pub ranks: u32,
     /// The transport, rendezvous and network namespaces, as for a job.
     #[command(flatten)]
-    pub(crate) world: WorldArgs,
+    pub world: ProcessWorldArgs,
     /// Also write the ranks' reports and the advice as JSON to this file.
     #[arg(long)]
-    pub(crate) json: Option<std::path::PathBuf>,
+    pub json: Option<std::path::PathBuf>,
     /// Sockets per peer the job will use (`RLX_SOCKETS_PER_PEER`); above one, the bandwidth is
     /// measured over one socket and over this many.
     #[arg(long, default_value_t = 1)]
-    pub(crate) sockets_per_peer: u32,
+    pub sockets_per_peer: u32,
 }
 
 /// The line prefix of a rank's report on its stdout.
@@ -52,54 +53,69 @@ const CHUNK: usize = 1 << 20;
 
 /// One rank's view of one peer.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct PeerReport {
-    pub(crate) peer: u32,
-    pub(crate) addr: Option<String>,
-    /// The local interface the route to the peer leaves through, and its address.
-    pub(crate) interface: Option<String>,
-    pub(crate) local: Option<String>,
-    pub(crate) mtu: Option<u32>,
-    pub(crate) wireless: bool,
-    pub(crate) loopback: bool,
-    /// Measured by the lower rank of the pair only.
-    pub(crate) rtt_median_us: Option<f64>,
-    pub(crate) rtt_p99_us: Option<f64>,
+pub struct PeerReport {
+    /// The peer's rank.
+    pub peer: u32,
+    /// The peer's address as the transport knows it.
+    pub addr: Option<String>,
+    /// The local interface the route to the peer leaves through.
+    pub interface: Option<String>,
+    /// The local address of that route.
+    pub local: Option<String>,
+    /// The interface's MTU.
+    pub mtu: Option<u32>,
+    /// Whether the interface is wireless.
+    pub wireless: bool,
+    /// Whether the route is loopback.
+    pub loopback: bool,
+    /// The median round-trip time of the ping-pongs, measured by the lower rank of the pair
+    /// only.
+    pub rtt_median_us: Option<f64>,
+    /// Their 99th percentile.
+    pub rtt_p99_us: Option<f64>,
     /// Over one socket per peer.
-    pub(crate) gbytes_per_s: Option<f64>,
+    pub gbytes_per_s: Option<f64>,
     /// Over the configured sockets per peer, when that is more than one.
-    pub(crate) gbytes_per_s_configured: Option<f64>,
+    pub gbytes_per_s_configured: Option<f64>,
     /// TCP segments this host sent during the one-socket bandwidth transfer, and how many of
     /// them were sends again of lost or reordered ones (the host's counters, so other traffic
     /// of this host counts too; Linux only).
-    pub(crate) segments: Option<Segments>,
+    pub segments: Option<Segments>,
     /// The peer's clock minus this rank's, estimated from the ping-pongs.
-    pub(crate) skew_us: Option<f64>,
+    pub skew_us: Option<f64>,
 }
 
 /// One rank's report.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct RankReport {
-    pub(crate) rank: u32,
-    pub(crate) host: String,
-    pub(crate) version: String,
-    pub(crate) backends: Vec<String>,
-    pub(crate) thunderbolt_links: Vec<String>,
-    /// `RLX_SOCKET_IFNAME` and `RLX_TB_IFNAME` as the rank saw them.
-    pub(crate) socket_ifname: Option<String>,
-    pub(crate) tb_ifname: Option<String>,
-    pub(crate) peers: Vec<PeerReport>,
+pub struct RankReport {
+    /// The reporting rank.
+    pub rank: u32,
+    /// Its host name.
+    pub host: String,
+    /// Its RLX version.
+    pub version: String,
+    /// The backends compiled into it.
+    pub backends: Vec<String>,
+    /// The Thunderbolt links the Thunderbolt transport would pin to.
+    pub thunderbolt_links: Vec<String>,
+    /// `RLX_SOCKET_IFNAME` as the rank saw it.
+    pub socket_ifname: Option<String>,
+    /// `RLX_TB_IFNAME` as the rank saw it.
+    pub tb_ifname: Option<String>,
+    /// Its view of each peer.
+    pub peers: Vec<PeerReport>,
 }
 
-/// Runs the check and prints the matrix and the advice.
-pub(crate) fn run(args: &DoctorArgs) -> Result<(), String> {
-    let config = args.world.config(args.ranks, Some(60_000));
-    let binary = world::rank_binary(args.world.transport)?;
+/// Runs the check with `binary __doctor-rank` as the ranks and prints the matrix and the
+/// advice.
+pub fn run(args: &DoctorArgs, binary: &Path) -> Result<(), String> {
+    let config = args.world.world().config(args.ranks, Some(60_000));
     let job = |sockets: u32| -> Result<Vec<RankReport>, String> {
         let world = World::prepare(&config)?;
         let specs: Vec<ChildSpec> = (0..world.process_count())
             .map(|index| {
                 world
-                    .child(index, &binary, vec!["__doctor-rank".to_owned()])
+                    .child(index, binary, vec!["__doctor-rank".to_owned()])
                     .env("RLX_SOCKETS_PER_PEER", sockets.to_string())
             })
             .collect();
@@ -125,7 +141,7 @@ pub(crate) fn run(args: &DoctorArgs) -> Result<(), String> {
 }
 
 /// Runs the doctor ranks of `specs` and returns their reports in rank order.
-pub(crate) fn collect(specs: &[ChildSpec]) -> Result<Vec<RankReport>, String> {
+pub fn collect(specs: &[ChildSpec]) -> Result<Vec<RankReport>, String> {
     let mut job = Job::spawn(specs)?;
     let mut reports = Vec::new();
     let mut errors = Vec::new();
@@ -163,7 +179,7 @@ pub(crate) fn collect(specs: &[ChildSpec]) -> Result<Vec<RankReport>, String> {
 }
 
 /// What to fix, one sentence per problem found.
-pub(crate) fn advise(reports: &[RankReport]) -> Vec<String> {
+pub fn advise(reports: &[RankReport]) -> Vec<String> {
     let mut advice = Vec::new();
     let hosts: std::collections::BTreeSet<&str> = reports.iter().map(|r| r.host.as_str()).collect();
     for report in reports {
@@ -225,7 +241,7 @@ pub(crate) fn advise(reports: &[RankReport]) -> Vec<String> {
 }
 
 /// The matrix and the advice, as the user reads them.
-pub(crate) fn render(reports: &[RankReport], advice: &[String]) -> String {
+pub fn render(reports: &[RankReport], advice: &[String]) -> String {
     let mut out = String::new();
     for r in reports {
         let tb = if r.thunderbolt_links.is_empty() {
@@ -288,7 +304,7 @@ pub(crate) fn render(reports: &[RankReport], advice: &[String]) -> String {
 }
 
 /// The rank side (`__doctor-rank`): joins the job, measures every pair, prints its report.
-pub(crate) fn rank_main() -> Result<(), String> {
+pub fn rank_main() -> Result<(), String> {
     use rlx_transport::Transport;
 
     let t = rlx_net::TcpTransport::from_env().map_err(|e| format!("could not join: {e}"))?;
@@ -551,156 +567,5 @@ mod tests {
                 .any(|a| a.contains("eth1, which RLX_SOCKET_IFNAME==eth0 does not name")),
             "{advice:?}"
         );
-    }
-
-    /// Two namespaces joined by a veth named `thunderbolt0` and another named `wlan0`, with
-    /// the rendezvous on the wlan0 side: the doctor measures the pair and flags it.
-    #[test]
-    fn the_doctor_flags_a_pair_that_goes_over_wlan0() {
-        if !crate::netns::available_for_test("the_doctor_flags_a_pair_that_goes_over_wlan0") {
-            return;
-        }
-        let net = TwoHosts::create();
-        let reports = collect(&net.doctor_ranks("10.79.2.1", 29555)).unwrap();
-        let advice = advise(&reports);
-        let text = render(&reports, &advice);
-        assert!(text.contains("goes over wlan0"), "{text}");
-        assert!(text.contains("RLX_TB_IFNAME=thunderbolt0"), "{text}");
-        assert_eq!(reports[0].thunderbolt_links, ["thunderbolt0"], "{text}");
-        assert!(reports[0].peers[0].rtt_median_us.is_some(), "{text}");
-    }
-
-    /// The same two namespaces, the rendezvous on the `thunderbolt0` side, and an nftables
-    /// rule in rank 1's namespace that drops every 20th TCP packet with a payload arriving from
-    /// rank 0: the drops are counted, not left to whether a queue overflows, so rank 0 sends
-    /// segments again in every run however the machine is loaded. (A drop on rank 0's own
-    /// output would not do: TCP sees the local error and simply sends the segment later, which
-    /// it does not count as a retransmission.) The doctor counts them and says what to look at.
-    #[test]
-    fn the_doctor_flags_a_link_that_drops_packets() {
-        if !crate::netns::available_for_test("the_doctor_flags_a_link_that_drops_packets")
-            || !nftables_available("the_doctor_flags_a_link_that_drops_packets")
-        {
-            return;
-        }
-        let net = TwoHosts::create();
-        let nft = |rule: &str| {
-            let status = std::process::Command::new("ip")
-                .args(["netns", "exec", &net.names[1], "nft", rule])
-                .status();
-            assert!(status.is_ok_and(|s| s.success()), "nft {rule}");
-        };
-        nft("add table inet rlx_loss");
-        nft("add chain inet rlx_loss in { type filter hook input priority 0; }");
-        nft(
-            "add rule inet rlx_loss in ip saddr 10.79.1.1 meta l4proto tcp meta length > 1000 \
-             numgen inc mod 20 0 counter drop",
-        );
-        let reports = collect(&net.doctor_ranks("10.79.1.1", 29556)).unwrap();
-        let advice = advise(&reports);
-        let text = render(&reports, &advice);
-        let segments = reports[0].peers[0].segments.expect("Linux counts segments");
-        let rules = std::process::Command::new("ip")
-            .args(["netns", "exec", &net.names[1], "nft", "list", "ruleset"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
-        assert!(segments.lossy(), "{segments:?}\n{text}\n{rules}");
-        assert!(
-            text.contains("rank 0 ↔ 1: rank 0 sent") && text.contains("ip -s link"),
-            "{text}"
-        );
-        assert!(!text.contains("wlan0"), "{text}");
-    }
-
-    /// Whether nftables' `nft` is here to drop packets by count. When it is not, the test says
-    /// why and returns early; under `CI=true`, whose `.ci/run` installs it, it fails instead.
-    fn nftables_available(test: &str) -> bool {
-        let found = std::process::Command::new("nft")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !found {
-            assert!(
-                !crate::ci::in_ci(),
-                "CI=true, yet {test} cannot run: nftables' `nft` is missing"
-            );
-            eprintln!("{test} skipped: nftables' `nft` is missing (apt-get install nftables)");
-        }
-        found
-    }
-
-    /// Two namespaces with two veth pairs between them, removed on drop.
-    struct TwoHosts {
-        names: [String; 2],
-    }
-
-    impl TwoHosts {
-        fn create() -> Self {
-            // Tests of one process run side by side: each pair of namespaces is numbered.
-            static CREATED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-            let number = CREATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let tag = std::process::id();
-            let names = [
-                format!("rlxdoc-a-{tag}-{number}"),
-                format!("rlxdoc-b-{tag}-{number}"),
-            ];
-            let ip = |args: &[&str]| {
-                let status = std::process::Command::new("ip").args(args).status();
-                assert!(status.is_ok_and(|s| s.success()), "ip {}", args.join(" "));
-            };
-            let hosts = TwoHosts { names };
-            let [a, b] = &hosts.names;
-            ip(&["netns", "add", a]);
-            ip(&["netns", "add", b]);
-            for (link, subnet) in [("thunderbolt0", 1), ("wlan0", 2)] {
-                let peer = format!("{link}p{tag}");
-                let short: String = peer.chars().take(15).collect();
-                ip(&[
-                    "link", "add", link, "netns", a, "type", "veth", "peer", "name", &short,
-                    "netns", b,
-                ]);
-                ip(&["-n", b, "link", "set", &short, "name", link]);
-                for (ns, host) in [(a, 1), (b, 2)] {
-                    let addr = format!("10.79.{subnet}.{host}/24");
-                    ip(&["-n", ns, "addr", "add", &addr, "dev", link]);
-                    ip(&["-n", ns, "link", "set", link, "up"]);
-                }
-            }
-            for ns in [a, b] {
-                ip(&["-n", ns, "link", "set", "lo", "up"]);
-            }
-            hosts
-        }
-    }
-
-    impl TwoHosts {
-        /// The doctor's two ranks, one in each namespace, meeting at `master`.
-        fn doctor_ranks(&self, master: &str, port: u16) -> Vec<ChildSpec> {
-            let binary = world::rank_binary(crate::world::TransportKind::Tcp).unwrap();
-            (0..2u32)
-                .map(|rank| {
-                    let mut spec = ChildSpec::new(format!("rank {rank}"), &binary)
-                        .args(["__doctor-rank"])
-                        .env("RLX_RANK", rank.to_string())
-                        .env("RLX_WORLD_SIZE", "2")
-                        .env("RLX_MASTER_ADDR", master)
-                        .env("RLX_MASTER_PORT", port.to_string())
-                        .env("RLX_TIMEOUT_MS", "60000");
-                    spec.netns = Some(self.names[rank as usize].clone());
-                    spec
-                })
-                .collect()
-        }
-    }
-
-    impl Drop for TwoHosts {
-        fn drop(&mut self) {
-            for ns in &self.names {
-                let _ = std::process::Command::new("ip")
-                    .args(["netns", "del", ns])
-                    .status();
-            }
-        }
     }
 }

@@ -1,22 +1,19 @@
 //! How the ranks of a local job find each other: the transport they use, the environment a
 //! launcher sets for each rank (a rank-0 rendezvous store, an RLX hostfile or an MLX
-//! hostfile), the optional network namespaces, and the release build of the rank binary.
-//!
-//! The ranks of `test-cluster` and `bench` are this very binary re-executed with a hidden
-//! subcommand, so they run exactly the collectives a user's program would, built once.
+//! hostfile) and the optional network namespaces. `rlx launch`, `rlx doctor` and the
+//! workspace's `test-cluster` and `bench` all start their ranks through it.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 
-use crate::cmd::{cargo, workspace_root};
 use crate::job::{self, ChildSpec};
 use crate::netns::{self, Topology};
 
 /// The transports a local job can run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub(crate) enum TransportKind {
+pub enum TransportKind {
     /// `TcpTransport` (`RLX_BACKEND=tcp`), one process per rank.
     Tcp,
     /// `ThunderboltTransport` (`RLX_BACKEND=tb`), one process per rank; needs a `thunderbolt*`
@@ -30,7 +27,7 @@ pub(crate) enum TransportKind {
 
 impl TransportKind {
     /// The value of `RLX_BACKEND` for this transport (`mem` is not a backend of `init()`).
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             TransportKind::Tcp => "tcp",
             TransportKind::Tb => "tb",
@@ -41,9 +38,10 @@ impl TransportKind {
 }
 
 /// How socket ranks find each other.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub(crate) enum Rendezvous {
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Rendezvous {
     /// `RLX_MASTER_ADDR`/`RLX_MASTER_PORT`: rank 0 hosts the rendezvous store.
+    #[default]
     Store,
     /// `RLX_HOSTFILE`: a JSON list of `["host:port"]` per rank, as MLX's launcher writes.
     Hostfile,
@@ -80,67 +78,116 @@ const NETNS_PORT: u16 = 29500;
 
 /// What the launcher needs to know to start a world.
 #[derive(Debug, Clone)]
-pub(crate) struct WorldConfig {
+pub struct WorldConfig {
     /// The transport.
-    pub(crate) transport: TransportKind,
+    pub transport: TransportKind,
     /// Number of ranks.
-    pub(crate) size: u32,
+    pub size: u32,
     /// How socket ranks rendezvous.
-    pub(crate) rendezvous: Rendezvous,
+    pub rendezvous: Rendezvous,
     /// `RLX_TIMEOUT_MS` for every rank, when set.
-    pub(crate) timeout_ms: Option<u64>,
+    pub timeout_ms: Option<u64>,
     /// Whether each rank runs in its own network namespace.
-    pub(crate) netns: bool,
+    pub netns: bool,
     /// A `tbf` rate for the namespace links (`"20gbit"`), with `netns`.
-    pub(crate) rate: Option<String>,
+    pub rate: Option<String>,
 }
 
 /// The flags that choose a local job's world, shared by `test-cluster` and `bench`.
 #[derive(Debug, Clone, Args)]
-pub(crate) struct WorldArgs {
+pub struct WorldArgs {
     /// Transport the ranks talk over (`mem`: every rank a thread of one process).
     #[arg(long, value_enum, default_value_t = TransportKind::Tcp)]
-    pub(crate) transport: TransportKind,
+    pub transport: TransportKind,
+    /// How the ranks meet and what links join them.
+    #[command(flatten)]
+    pub links: LinkArgs,
+}
+
+/// The transports of a world with one process per rank (`rlx launch`, `rlx doctor`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ProcessTransport {
+    /// `TcpTransport` (`RLX_BACKEND=tcp`).
+    #[default]
+    Tcp,
+    /// `ThunderboltTransport` (`RLX_BACKEND=tb`); needs a `thunderbolt*` interface, which
+    /// `--netns` provides.
+    Tb,
+    /// `MlxTransport` over MLX's ring backend (`RLX_BACKEND=mlx`).
+    Mlx,
+}
+
+impl From<ProcessTransport> for TransportKind {
+    fn from(transport: ProcessTransport) -> TransportKind {
+        match transport {
+            ProcessTransport::Tcp => TransportKind::Tcp,
+            ProcessTransport::Tb => TransportKind::Tb,
+            ProcessTransport::Mlx => TransportKind::Mlx,
+        }
+    }
+}
+
+/// The flags of a world with one process per rank: those of [`WorldArgs`] without the
+/// in-process transport, so `--help` lists only what the command accepts. The default is TCP
+/// ranks on this host that meet at a rank-0 store.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ProcessWorldArgs {
+    /// Transport the ranks talk over.
+    #[arg(long, value_enum, default_value_t = ProcessTransport::Tcp)]
+    pub transport: ProcessTransport,
+    /// How the ranks meet and what links join them.
+    #[command(flatten)]
+    pub links: LinkArgs,
+}
+
+impl ProcessWorldArgs {
+    /// The same world as [`WorldArgs`].
+    pub fn world(&self) -> WorldArgs {
+        WorldArgs {
+            transport: self.transport.into(),
+            links: self.links.clone(),
+        }
+    }
+}
+
+/// How socket ranks meet and whether each runs in a network namespace of its own.
+#[derive(Debug, Clone, Default, Args)]
+pub struct LinkArgs {
     /// How socket ranks find each other.
     #[arg(long, value_enum, default_value_t = Rendezvous::Store)]
-    pub(crate) rendezvous: Rendezvous,
+    pub rendezvous: Rendezvous,
     /// Run each rank in its own network namespace, joined by veth links named thunderbolt0
     /// (needs root).
     #[arg(long)]
-    pub(crate) netns: bool,
+    pub netns: bool,
     /// With --netns: a tbf rate limit on every link (e.g. 20gbit, Thunderbolt 4's TCP rate).
     #[arg(long, requires = "netns")]
-    pub(crate) rate: Option<String>,
+    pub rate: Option<String>,
 }
 
 impl WorldArgs {
     /// The defaults: TCP ranks on this host that meet at a rank-0 store.
-    pub(crate) fn tcp() -> WorldArgs {
-        WorldArgs {
-            transport: TransportKind::Tcp,
-            rendezvous: Rendezvous::Store,
-            netns: false,
-            rate: None,
-        }
+    pub fn tcp() -> WorldArgs {
+        WorldArgs::over(TransportKind::Tcp)
     }
 
-    /// `transport` instead of TCP, the rest as [`WorldArgs::tcp`].
-    pub(crate) fn over(transport: TransportKind) -> WorldArgs {
+    /// `transport`, ranks on this host that meet at a rank-0 store.
+    pub fn over(transport: TransportKind) -> WorldArgs {
         WorldArgs {
             transport,
-            ..WorldArgs::tcp()
+            links: LinkArgs::default(),
         }
     }
 
     /// The world of `size` ranks these flags describe.
-    pub(crate) fn config(&self, size: u32, timeout_ms: Option<u64>) -> WorldConfig {
+    pub fn config(&self, size: u32, timeout_ms: Option<u64>) -> WorldConfig {
         WorldConfig {
             transport: self.transport,
             size,
-            rendezvous: self.rendezvous,
+            rendezvous: self.links.rendezvous,
             timeout_ms,
-            netns: self.netns,
-            rate: self.rate.clone(),
+            netns: self.links.netns,
+            rate: self.links.rate.clone(),
         }
     }
 }
@@ -148,7 +195,7 @@ impl WorldArgs {
 /// A prepared world: ports chosen, hostfile written, namespaces created. Dropping it removes
 /// the hostfile and the namespaces.
 #[derive(Debug)]
-pub(crate) struct World {
+pub struct World {
     config: WorldConfig,
     topology: Option<Topology>,
     hostfile: Option<PathBuf>,
@@ -157,7 +204,7 @@ pub(crate) struct World {
 
 impl WorldConfig {
     /// Refuses combinations that cannot work, before anything is built or created.
-    pub(crate) fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), String> {
         if self.size == 0 {
             return Err("a world needs at least one rank".to_owned());
         }
@@ -179,11 +226,11 @@ impl WorldConfig {
 
 impl World {
     /// Prepares the world described by `config`.
-    pub(crate) fn prepare(config: &WorldConfig) -> Result<World, String> {
+    pub fn prepare(config: &WorldConfig) -> Result<World, String> {
         config.validate()?;
         if config.transport == TransportKind::Tb && !config.netns {
             eprintln!(
-                "xtask: note: --transport tb without --netns needs a real thunderbolt interface on this host"
+                "rlx: note: --transport tb without --netns needs a real thunderbolt interface on this host"
             );
         }
         let topology = if config.netns {
@@ -221,7 +268,7 @@ impl World {
 
     /// Takes `rank`'s link away (see [`Topology::cut`]); only `--netns` worlds have links to
     /// cut.
-    pub(crate) fn cut_link(&self, rank: u32, drop_all: bool) -> Result<(), String> {
+    pub fn cut_link(&self, rank: u32, drop_all: bool) -> Result<(), String> {
         match &self.topology {
             Some(topology) => topology.cut(rank, drop_all),
             None => Err("only a --netns world has links to cut".to_owned()),
@@ -229,17 +276,17 @@ impl World {
     }
 
     /// The network namespace of `rank`, in `--netns` worlds.
-    pub(crate) fn namespace_of(&self, rank: u32) -> Option<&str> {
+    pub fn namespace_of(&self, rank: u32) -> Option<&str> {
         self.topology.as_ref()?.namespace_of(rank)
     }
 
     /// The configuration this world was prepared from.
-    pub(crate) fn config(&self) -> &WorldConfig {
+    pub fn config(&self) -> &WorldConfig {
         &self.config
     }
 
     /// How many processes the world runs as (one, for the in-process transport).
-    pub(crate) fn process_count(&self) -> u32 {
+    pub fn process_count(&self) -> u32 {
         match self.config.transport {
             TransportKind::Mem => 1,
             _ => self.config.size,
@@ -248,7 +295,7 @@ impl World {
 
     /// The spec of process `index` running `program args`, with the environment a launcher
     /// sets for that rank.
-    pub(crate) fn child(&self, index: u32, program: &Path, args: Vec<String>) -> ChildSpec {
+    pub fn child(&self, index: u32, program: &Path, args: Vec<String>) -> ChildSpec {
         let label = match self.config.transport {
             TransportKind::Mem => "ranks".to_owned(),
             _ => format!("rank {index}"),
@@ -301,13 +348,15 @@ impl World {
 impl Drop for World {
     fn drop(&mut self) {
         if let Some(file) = self.hostfile.take() {
-            // The file lives under target/; a leftover is harmless, so a failure is ignored.
+            // The file lives in the temporary directory; a leftover is harmless, so a failure
+            // is ignored.
             let _ = fs::remove_file(file);
         }
     }
 }
 
-/// Writes an MLX-style hostfile (one `["host:port"]` list per rank) under `target/xtask/`.
+/// Writes an MLX-style hostfile (one `["host:port"]` list per rank) into the temporary
+/// directory.
 fn write_hostfile(addresses: &[(String, u16)]) -> Result<PathBuf, String> {
     let entries: Vec<Vec<String>> = addresses
         .iter()
@@ -315,133 +364,11 @@ fn write_hostfile(addresses: &[(String, u16)]) -> Result<PathBuf, String> {
         .collect();
     let text = serde_json::to_string(&entries)
         .map_err(|e| format!("could not encode the hostfile: {e}"))?;
-    let dir = scratch_dir()?;
-    let path = dir.join(format!("hostfile-{}.json", std::process::id()));
+    // The counter keeps apart the worlds one process prepares side by side.
+    static PREPARED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let number = PREPARED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path =
+        std::env::temp_dir().join(format!("rlx-hostfile-{}-{number}.json", std::process::id()));
     fs::write(&path, text).map_err(|e| format!("could not write {}: {e}", path.display()))?;
     Ok(path)
-}
-
-/// `target/xtask/`, created on demand, for files the launcher writes (hostfiles, peer builds).
-pub(crate) fn scratch_dir() -> Result<PathBuf, String> {
-    let dir = workspace_root().join("target").join("xtask");
-    fs::create_dir_all(&dir).map_err(|e| format!("could not create {}: {e}", dir.display()))?;
-    Ok(dir)
-}
-
-/// Names a release xtask binary that tests use as their rank binary instead of building one
-/// (see [`rank_binary`]); `cargo xtask flaky` sets it to its own snapshot, so that a test it
-/// runs never builds from a tree that someone edits during the hunt.
-pub(crate) const RANK_BINARY_VAR: &str = "RLX_XTASK_RANK_BINARY";
-
-/// The rank binary: this binary built in release mode (with the `mlx` feature when the world
-/// needs it), so that the collectives run at full speed even under a debug `cargo xtask`.
-pub(crate) fn rank_binary(transport: TransportKind) -> Result<PathBuf, String> {
-    let needs_mlx = transport == TransportKind::Mlx;
-    if let Some(binary) = std::env::var_os(RANK_BINARY_VAR).filter(|_| !needs_mlx) {
-        return Ok(PathBuf::from(binary));
-    }
-    if !cfg!(debug_assertions) && (cfg!(feature = "mlx") || !needs_mlx) {
-        return std::env::current_exe()
-            .map_err(|e| format!("could not find the running xtask binary: {e}"));
-    }
-    let mut command = cargo();
-    command.args([
-        "build",
-        "--release",
-        "--package",
-        "xtask",
-        "--bin",
-        "xtask",
-        "--message-format=json-render-diagnostics",
-    ]);
-    if needs_mlx {
-        command.args(["--features", "mlx"]);
-    }
-    eprintln!(
-        "xtask: building the rank binary (release{})",
-        if needs_mlx { ", mlx" } else { "" }
-    );
-    let output = command
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .map_err(|e| format!("could not run cargo build: {e}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "building the rank binary failed ({})",
-            output.status
-        ));
-    }
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|message| message["reason"] == "compiler-artifact")
-        .filter(|message| message["target"]["name"] == "xtask")
-        .find_map(|message| message["executable"].as_str().map(PathBuf::from))
-        .ok_or_else(|| "cargo build did not report the xtask executable".to_owned())
-}
-
-/// The rank side: the groups this process runs. A socket or MLX rank joins the world from the
-/// environment its launcher set (`rlx_collective::init`); the in-process transport makes all
-/// `ranks` ranks here, honouring `RLX_TIMEOUT_MS` as the socket transports do.
-pub(crate) fn join(
-    transport: TransportKind,
-    ranks: u32,
-) -> Result<Vec<rlx_collective::ProcessGroup>, String> {
-    use std::sync::Arc;
-
-    use rlx_collective::{MemTransport, ProcessGroup, Transport};
-
-    match transport {
-        TransportKind::Mem => {
-            let env = |key: &str| std::env::var(key).ok().filter(|v| !v.trim().is_empty());
-            let timeout =
-                rlx_transport::bootstrap::op_timeout_from(&env).map_err(|e| e.to_string())?;
-            Ok(MemTransport::fan_out_with_timeout(ranks, timeout)
-                .into_iter()
-                .map(|t| ProcessGroup::new(t as Arc<dyn Transport>))
-                .collect())
-        }
-        _ => rlx_collective::init()
-            .map(|group| vec![group])
-            .map_err(|e| format!("could not join the group over {}: {e}", transport.name())),
-    }
-}
-
-/// Forces the algorithms named in `overrides` (`all_reduce=ring,broadcast=binomial_tree`) on
-/// `group`.
-pub(crate) fn force_algorithms(
-    group: &rlx_collective::ProcessGroup,
-    overrides: &str,
-) -> Result<(), String> {
-    use rlx_collective::CollectiveOp;
-
-    for item in overrides
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-    {
-        let (op_name, algorithm_name) = item
-            .split_once('=')
-            .ok_or_else(|| format!("{item:?} is not OP=ALGORITHM"))?;
-        let op = CollectiveOp::ALL
-            .into_iter()
-            .find(|op| op.name() == op_name)
-            .ok_or_else(|| format!("{op_name:?} is not a collective"))?;
-        let algorithm = op
-            .algorithms()
-            .iter()
-            .copied()
-            .find(|a| a.name() == algorithm_name)
-            .ok_or_else(|| {
-                let names: Vec<&str> = op.algorithms().iter().map(|a| a.name()).collect();
-                format!(
-                    "{op_name} has no algorithm {algorithm_name:?} (choose {})",
-                    names.join(", ")
-                )
-            })?;
-        group
-            .set_algorithm(op, algorithm)
-            .map_err(|e| format!("could not force {item}: {e}"))?;
-    }
-    Ok(())
 }

@@ -1,4 +1,4 @@
-//! `cargo xtask launch`: runs any program as the ranks of one job, the way torchrun's standalone
+//! `rlx launch`: runs any program as the ranks of one job, the way torchrun's standalone
 //! mode, `mlx.launch` or `mpirun` do.
 //!
 //! Every rank gets the launch environment its transport reads (`RLX_RANK`, `RLX_WORLD_SIZE`,
@@ -26,33 +26,33 @@ use std::time::{Duration, Instant};
 use clap::Args;
 
 use crate::job::{ChildSpec, Job, Output, Stream};
-use crate::world::{TransportKind, World, WorldArgs};
+use crate::world::{ProcessWorldArgs, TransportKind, World};
 
-/// Flags of `cargo xtask launch`.
+/// Flags of `rlx launch`.
 #[derive(Debug, Args)]
-pub(crate) struct LaunchArgs {
+pub struct LaunchArgs {
     /// Number of ranks (with --hostfile, the file's length unless given).
     #[arg(short = 'n', long = "ranks")]
-    pub(crate) ranks: Option<u32>,
+    pub ranks: Option<u32>,
     /// The transport, rendezvous and network namespaces of a local job.
     #[command(flatten)]
-    pub(crate) world: WorldArgs,
+    pub world: ProcessWorldArgs,
     /// An MLX-style JSON hostfile (one list of "host:port" per rank); ranks on other hosts are
     /// started over ssh.
     #[arg(long, conflicts_with = "netns")]
-    pub(crate) hostfile: Option<PathBuf>,
+    pub hostfile: Option<PathBuf>,
     /// An environment variable for every rank (repeatable).
     #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_env)]
-    pub(crate) env: Vec<(String, String)>,
+    pub env: Vec<(String, String)>,
     /// Seconds the other ranks get to end by themselves after the first one failed.
     #[arg(long, default_value_t = 5.0)]
-    pub(crate) grace: f64,
+    pub grace: f64,
     /// The ranks' operation timeout (RLX_TIMEOUT_MS), in milliseconds.
     #[arg(long)]
-    pub(crate) timeout_ms: Option<u64>,
+    pub timeout_ms: Option<u64>,
     /// The program and its arguments.
     #[arg(last = true, required = true, value_name = "PROGRAM")]
-    pub(crate) command: Vec<OsString>,
+    pub command: Vec<OsString>,
 }
 
 fn parse_env(item: &str) -> Result<(String, String), String> {
@@ -64,16 +64,11 @@ fn parse_env(item: &str) -> Result<(String, String), String> {
 
 /// Runs the job and returns the launcher's exit code: 0 when every rank exited 0, else the
 /// code of the rank that failed first.
-pub(crate) fn run(args: &LaunchArgs) -> Result<u8, String> {
+pub fn run(args: &LaunchArgs) -> Result<u8, String> {
     let (program, program_args) = args
         .command
         .split_first()
         .ok_or("launch needs a program to run (after --)")?;
-    if args.world.transport == TransportKind::Mem {
-        return Err(
-            "launch runs one process per rank; --transport mem is for test-cluster".to_owned(),
-        );
-    }
     if !args.grace.is_finite() || args.grace < 0.0 {
         return Err(format!("--grace {} is not a number of seconds", args.grace));
     }
@@ -86,7 +81,7 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<u8, String> {
     let (_world, mut specs) = match &args.hostfile {
         None => {
             let size = args.ranks.unwrap_or(1);
-            let world = World::prepare(&args.world.config(size, args.timeout_ms))?;
+            let world = World::prepare(&args.world.world().config(size, args.timeout_ms))?;
             let specs = (0..size)
                 .map(|rank| {
                     local_names(
@@ -239,7 +234,7 @@ fn from_hostfile(
                 .map_err(|e| format!("{origin}: {e}"))
         })
         .collect::<Result<_, _>>()?;
-    let transport = args.world.transport;
+    let transport = TransportKind::from(args.world.transport);
     let mut specs = Vec::new();
     for (rank, host) in names.iter().enumerate() {
         let local_rank = names[..rank].iter().filter(|h| *h == host).count();
@@ -321,27 +316,27 @@ fn quote(word: &str) -> String {
 
 /// The first rank that failed, and what became of the others.
 #[derive(Debug)]
-pub(crate) struct Failure {
+pub struct Failure {
     /// The rank.
-    pub(crate) rank: usize,
+    pub rank: usize,
     /// How it ended (`exited with code 3`, `killed by signal 9`).
-    pub(crate) how: String,
+    pub how: String,
     /// The ranks still running at the end of the grace period, which were killed.
-    pub(crate) ended: Vec<usize>,
+    pub ended: Vec<usize>,
 }
 
 /// How a job ended.
 #[derive(Debug)]
-pub(crate) struct Outcome {
+pub struct Outcome {
     /// The launcher's exit code.
-    pub(crate) code: u8,
+    pub code: u8,
     /// The first failure, if any rank failed.
-    pub(crate) first_failure: Option<Failure>,
+    pub first_failure: Option<Failure>,
 }
 
 /// Runs `specs` as one job: hands every output line to `line(rank, stream, text)`, and when a
 /// rank fails gives the others `grace` before killing them.
-pub(crate) fn supervise(
+pub fn supervise(
     specs: &[ChildSpec],
     grace: Duration,
     line: &mut dyn FnMut(usize, Stream, &str),
@@ -558,9 +553,12 @@ mod tests {
         }
         let args = |script: &str| LaunchArgs {
             ranks: Some(2),
-            world: WorldArgs {
-                netns: true,
-                ..WorldArgs::tcp()
+            world: ProcessWorldArgs {
+                links: crate::world::LinkArgs {
+                    netns: true,
+                    ..crate::world::LinkArgs::default()
+                },
+                ..ProcessWorldArgs::default()
             },
             hostfile: None,
             env: Vec::new(),
