@@ -46,14 +46,19 @@ impl Entry {
         self.peer.is_some()
     }
 
-    fn describe(&self) -> String {
-        let mut text = match (self.peer, self.tag) {
+    /// The call alone: `barrier #3`, `recv(from 0, tag 8)`.
+    fn call(&self) -> String {
+        match (self.peer, self.tag) {
             (Some(peer), Some(tag)) if self.op == "send" => {
                 format!("send(to {peer}, tag {tag})")
             }
             (Some(peer), Some(tag)) => format!("{}(from {peer}, tag {tag})", self.op),
             _ => format!("{} #{}", self.op, self.seq),
-        };
+        }
+    }
+
+    fn describe(&self) -> String {
+        let mut text = self.call();
         match (&self.dtype, self.elements) {
             (Some(dtype), Some(elements)) => {
                 let _ = write!(text, " of {elements} {dtype}");
@@ -80,6 +85,9 @@ impl Entry {
         text
     }
 }
+
+/// Each rank's collectives of one group by sequence number.
+type Ranks<'a> = BTreeMap<u32, BTreeMap<u32, &'a Entry>>;
 
 /// Prints the report of the records in `args.dir`.
 pub fn run(args: &FlightReportArgs) -> Result<(), String> {
@@ -173,8 +181,7 @@ pub(crate) fn diagnose(entries: &[Entry], world: Option<u32>) -> String {
         out.push_str("flight report: no records\n");
     }
     for group in groups {
-        // rank -> seq -> entry
-        let mut ranks: BTreeMap<u32, BTreeMap<u32, &Entry>> = BTreeMap::new();
+        let mut ranks: Ranks<'_> = BTreeMap::new();
         let calls: Vec<&Entry> = entries
             .iter()
             .filter(|e| e.group == group && e.is_point_to_point())
@@ -206,27 +213,7 @@ pub(crate) fn diagnose(entries: &[Entry], world: Option<u32>) -> String {
                 );
             }
         }
-        for (rank, ops) in &ranks {
-            let done = ops
-                .values()
-                .filter(|e| e.state == "done")
-                .map(|e| e.seq)
-                .max();
-            let unfinished: Vec<String> = ops
-                .values()
-                .copied()
-                .chain(calls.iter().copied().filter(|c| c.rank == *rank))
-                .filter(|e| e.state != "done")
-                .map(Entry::describe)
-                .collect();
-            let done = done.map_or_else(|| "nothing".to_owned(), |s| format!("up to #{s}"));
-            let now = if unfinished.is_empty() {
-                "nothing unfinished".to_owned()
-            } else {
-                unfinished.join("; ")
-            };
-            let _ = writeln!(out, "  rank {rank}: completed {done}; {now}");
-        }
+        rank_lines(&mut out, &ranks, &calls);
         // Only sequence numbers every ring still covers can be compared.
         let from = ranks
             .values()
@@ -267,26 +254,112 @@ pub(crate) fn diagnose(entries: &[Entry], world: Option<u32>) -> String {
         for line in unmatched_messages(&calls) {
             let _ = writeln!(out, "  {line}");
         }
-        for seq in from..=to {
-            let names: BTreeMap<&str, Vec<u32>> =
-                ranks
-                    .iter()
-                    .fold(BTreeMap::new(), |mut names, (rank, ops)| {
-                        if let Some(entry) = ops.get(&seq) {
-                            names.entry(entry.op.as_str()).or_default().push(*rank);
-                        }
-                        names
-                    });
-            if names.len() > 1 {
-                let parts: Vec<String> = names
-                    .iter()
-                    .map(|(op, ranks)| format!("rank(s) {ranks:?} in {op}"))
-                    .collect();
-                let _ = writeln!(out, "  mismatch at #{seq}: {}", parts.join(", "));
-            }
+        mismatches(&mut out, &ranks, from..=to);
+        for line in deadlocks(&ranks, &calls) {
+            let _ = writeln!(out, "  {line}");
         }
     }
     out
+}
+
+/// Each rank's line: how far it completed and what it left unfinished.
+fn rank_lines(out: &mut String, ranks: &Ranks<'_>, calls: &[&Entry]) {
+    for (rank, ops) in ranks {
+        let done = ops
+            .values()
+            .filter(|e| e.state == "done")
+            .map(|e| e.seq)
+            .max();
+        let unfinished: Vec<String> = ops
+            .values()
+            .copied()
+            .chain(calls.iter().copied().filter(|c| c.rank == *rank))
+            .filter(|e| e.state != "done")
+            .map(Entry::describe)
+            .collect();
+        let done = done.map_or_else(|| "nothing".to_owned(), |s| format!("up to #{s}"));
+        let now = if unfinished.is_empty() {
+            "nothing unfinished".to_owned()
+        } else {
+            unfinished.join("; ")
+        };
+        let _ = writeln!(out, "  rank {rank}: completed {done}; {now}");
+    }
+}
+
+/// The sequence numbers in `seqs` at which ranks ran different operations.
+fn mismatches(out: &mut String, ranks: &Ranks<'_>, seqs: std::ops::RangeInclusive<u32>) {
+    for seq in seqs {
+        let names: BTreeMap<&str, Vec<u32>> =
+            ranks
+                .iter()
+                .fold(BTreeMap::new(), |mut names, (rank, ops)| {
+                    if let Some(entry) = ops.get(&seq) {
+                        names.entry(entry.op.as_str()).or_default().push(*rank);
+                    }
+                    names
+                });
+        if names.len() > 1 {
+            let parts: Vec<String> = names
+                .iter()
+                .map(|(op, ranks)| format!("rank(s) {ranks:?} in {op}"))
+                .collect();
+            let _ = writeln!(out, "  mismatch at #{seq}: {}", parts.join(", "));
+        }
+    }
+}
+
+/// Ranks that wait on each other, each in its unfinished call, one line per cycle:
+/// `deadlock: rank 0 waits on rank 1 in barrier #3; rank 1 waits on rank 0 in recv(from 0,
+/// tag 8)`. A rank's wait is its unfinished point-to-point call, else its last unfinished
+/// collective.
+fn deadlocks(ranks: &Ranks<'_>, calls: &[&Entry]) -> Vec<String> {
+    let waits: BTreeMap<u32, &Entry> = ranks
+        .iter()
+        .filter_map(|(rank, ops)| {
+            let unfinished = |e: &&Entry| e.state != "done" && e.waiting_on.is_some();
+            let mut p2p = calls.iter().copied().filter(|c| c.rank == *rank);
+            let entry = p2p
+                .rfind(unfinished)
+                .or_else(|| ops.values().copied().rfind(unfinished))?;
+            Some((*rank, entry))
+        })
+        .collect();
+    let mut cycles: BTreeSet<Vec<u32>> = BTreeSet::new();
+    for &start in waits.keys() {
+        let mut path = vec![start];
+        while let Some(next) = waits
+            .get(path.last().unwrap_or(&start))
+            .and_then(|e| e.waiting_on)
+        {
+            if let Some(at) = path.iter().position(|&r| r == next) {
+                let mut cycle = path[at..].to_vec();
+                let lowest = cycle
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, r)| **r)
+                    .map_or(0, |(i, _)| i);
+                cycle.rotate_left(lowest);
+                cycles.insert(cycle);
+                break;
+            }
+            path.push(next);
+        }
+    }
+    cycles
+        .iter()
+        .map(|cycle| {
+            let parts: Vec<String> = cycle
+                .iter()
+                .map(|rank| {
+                    let entry = waits[rank];
+                    let on = entry.waiting_on.unwrap_or_default();
+                    format!("rank {rank} waits on rank {on} in {}", entry.call())
+                })
+                .collect();
+            format!("deadlock: {}", parts.join("; "))
+        })
+        .collect()
 }
 
 /// For every receive still waiting, the messages its source sent to it under other tags that
@@ -462,6 +535,61 @@ mod tests {
         assert!(
             report.contains(
                 "unreceived: rank 0 sent tag 7 (1024 × bf16) to rank 1; rank 1 waits for tag 8"
+            ),
+            "{report}"
+        );
+    }
+
+    /// Rank 0 sends under tag 7 and waits in a barrier; rank 1 waits for tag 8: both calls
+    /// fail as a deadlock (neither wait can end, so the outcome does not depend on timing),
+    /// and the report names the cycle, each rank with its call.
+    #[test]
+    fn ranks_waiting_on_each_other_are_named_as_a_deadlock() {
+        let world = MemTransport::fan_out_with_timeout(2, Duration::from_secs(1));
+        let groups: Vec<ProcessGroup> = world
+            .into_iter()
+            .map(|t| ProcessGroup::new(t as Arc<dyn Transport>))
+            .collect();
+        let done = std::sync::Barrier::new(2);
+        let results: Vec<_> = std::thread::scope(|s| {
+            let done = &done;
+            let threads: Vec<_> = groups
+                .iter()
+                .map(|group| {
+                    s.spawn(move || {
+                        let result = if group.rank() == 0 {
+                            group
+                                .send(1, 7, &[half::bf16::from_f32(1.0); 16])
+                                .and_then(|()| group.barrier())
+                        } else {
+                            group.recv::<half::bf16>(0, 8).map(drop)
+                        };
+                        done.wait();
+                        result
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        for result in &results {
+            assert!(
+                matches!(
+                    result,
+                    Err(rlx_collective::CollectiveError::Deadlock { .. })
+                ),
+                "{result:?}"
+            );
+        }
+        let entries: Vec<Entry> = groups
+            .iter()
+            .flat_map(ProcessGroup::flight_record)
+            .map(|e| serde_json::from_str(&serde_json::to_string(&e).unwrap()).unwrap())
+            .collect();
+        let report = diagnose(&entries, Some(2));
+        assert!(
+            report.contains(
+                "deadlock: rank 0 waits on rank 1 in barrier #0; rank 1 waits on rank 0 in \
+                 recv(from 0, tag 8)"
             ),
             "{report}"
         );

@@ -16,7 +16,10 @@
 //!
 //! A timeout names the rank at the end of the chain of waits that starts at the awaited peer
 //! (see the `wait_chain` module): between slices every wait also answers the probes of ranks
-//! that timed out, with the rank it waits on.
+//! that timed out, with the rank it waits on and what it waits in. A chain that closes on
+//! itself is a deadlock ([`CollectiveError::Deadlock`]); the rank that finds it tells the
+//! others with a notice of cause [`FatalCause::Deadlock`], and each of them reports the
+//! deadlock too, with its own wait and those its probers told it of.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,8 +28,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rlx_transport::blocked_send;
 
-use crate::wait_chain::{self, Step, WaitChain};
-use crate::{CollectiveError, Failure, Result, Tag, Transport};
+use crate::wait_chain::{self, Doing, Step, WaitChain};
+use crate::{CollectiveError, Failure, FatalCause, Result, Tag, Transport, Waiter};
 
 /// The phase of every collective group's tag space that carries the group's failure notices
 /// (sequence number 0). Operations use the phases below it.
@@ -76,6 +79,9 @@ pub(crate) struct Health {
     record: Mutex<Option<(Failure, u32)>>,
     /// Whether this rank has sent its own group-wide notice.
     announced: AtomicBool,
+    /// What the members that probed this rank said they wait in, one entry per member (a
+    /// probe means its sender timed out, so the group is failing by then).
+    heard: Mutex<Vec<Waiter>>,
 }
 
 impl Health {
@@ -104,6 +110,18 @@ impl Health {
     fn take_announcement(&self) -> bool {
         !self.announced.swap(true, Ordering::AcqRel)
     }
+
+    /// Keeps what a prober said it waits in, replacing what it said before.
+    fn hear(&self, said: Waiter) {
+        let mut heard = self.heard.lock();
+        heard.retain(|earlier| earlier.rank != said.rank);
+        heard.push(said);
+    }
+
+    /// What world rank `rank` said it waits in when it last probed this rank.
+    fn heard_from(&self, rank: u32) -> Option<Waiter> {
+        self.heard.lock().iter().find(|w| w.rank == rank).cloned()
+    }
 }
 
 /// What a wait of one group needs to notice the group's failures: the transport, the
@@ -117,6 +135,8 @@ pub(crate) struct Watch<'a> {
     group: u16,
     health: &'a Health,
     scope: FailureScope,
+    /// What the waits of this watch are, as probers are told.
+    doing: Doing,
 }
 
 impl<'a> Watch<'a> {
@@ -136,7 +156,13 @@ impl<'a> Watch<'a> {
             group,
             health,
             scope,
+            doing: Doing::Upkeep,
         }
+    }
+
+    /// The same watch for waits that are `doing`.
+    pub(crate) fn doing(self, doing: Doing) -> Self {
+        Watch { doing, ..self }
     }
 
     /// Fails once the group has failed (see [`Health::check`]).
@@ -171,12 +197,12 @@ impl<'a> Watch<'a> {
                 // once it reported) told why before its links closed: its notice, queued
                 // ahead of the loss, names the rank at fault, where the loss names only it.
                 Err(error) if error.is_fatal() => {
-                    self.poll_notices()?;
+                    self.notices(peer)?;
                     return Err(error);
                 }
                 Err(error) => return Err(error),
             }
-            self.poll_notices()?;
+            self.notices(peer)?;
             self.answer_probes(peer)?;
             if start.elapsed() >= total {
                 return Ok(None);
@@ -224,8 +250,8 @@ impl<'a> Watch<'a> {
             }
             // A member gone or a transport stopped is for the wait that needs it to report.
             while let Ok(Some(probe)) = self.transport.recv_message(peer, tag, Duration::ZERO) {
-                wait_chain::decode_probe(peer, &probe)?;
-                let answer = wait_chain::encode_answer(waits_on);
+                self.health.hear(wait_chain::decode_probe(peer, &probe)?);
+                let answer = wait_chain::encode_answer(waits_on, &self.waits_in(waits_on));
                 // Best effort: a prober that cannot be reached is failing on its own, and a
                 // prober that does not read must not hold this wait up.
                 let _ = self.transport.try_send_message(
@@ -261,54 +287,123 @@ impl<'a> Watch<'a> {
             return error;
         }
         match self.walk(first) {
-            Ok(culprit) => CollectiveError::Timeout {
+            Ok(Verdict::Culprit(culprit)) => CollectiveError::Timeout {
                 peer: Some(culprit),
                 op,
                 after,
+            },
+            Ok(Verdict::Deadlock(waits)) => CollectiveError::Deadlock {
+                op,
+                after: Some(after),
+                found_by: me,
+                waits,
             },
             Err(other) => other,
         }
     }
 
+    /// This rank's wait on world rank `waits_on`, as probers and deadlock errors give it.
+    fn waiter(&self, waits_on: u32) -> Waiter {
+        Waiter {
+            rank: self.transport.rank(),
+            waits_in: self.waits_in(waits_on),
+            waits_on,
+        }
+    }
+
+    /// What this rank waits in, for a prober: the operation and, for a receive from world
+    /// rank `waits_on`, the messages from it that wait unreceived under other tags.
+    fn waits_in(&self, waits_on: u32) -> String {
+        let Doing::Recv { tag, dtype, .. } = self.doing else {
+            return self.doing.to_string();
+        };
+        let others = unreceived_beside(self.transport, waits_on, tag);
+        if others.is_empty() {
+            return self.doing.to_string();
+        }
+        format!(
+            "{}, while rank {waits_on} sent it what no receive took: {}",
+            self.doing,
+            CollectiveError::describe_unreceived(&others, Some(dtype))
+        )
+    }
+
+    /// Looks for group-wide notices (see [`Watch::poll_notices`]) during a wait on world rank
+    /// `waits_on`; a notice that another rank found a deadlock becomes this rank's own
+    /// [`CollectiveError::Deadlock`], with its wait and those it heard of.
+    fn notices(&self, waits_on: u32) -> Result<()> {
+        let (error, found_by) = match self.poll_notices() {
+            Err(
+                error @ CollectiveError::GroupFailed {
+                    cause: FatalCause::Deadlock,
+                    reporter,
+                    ..
+                },
+            ) => (error, reporter),
+            other => return other,
+        };
+        // The probes a finder sent this rank arrived before its notice; take them first.
+        if self.answer_probes(waits_on).is_err() {
+            return Err(error);
+        }
+        let me = self.waiter(waits_on);
+        let mut waits = self.health.heard.lock().clone();
+        waits.insert(0, me);
+        Err(CollectiveError::Deadlock {
+            op: self.doing.op(),
+            after: None,
+            found_by,
+            waits,
+        })
+    }
+
     /// Follows the chain of waits from world rank `first`, which this rank timed out on, to
-    /// the first rank that does not answer a probe; fails with a failure notice or a lost
-    /// peer met on the way.
-    fn walk(&self, first: u32) -> Result<u32> {
+    /// the first rank that does not answer a probe, or back to a rank already in it; fails
+    /// with a failure notice or a lost peer met on the way. A rank that does not answer but
+    /// probed this rank earlier counts as having answered what it said then: it was waiting,
+    /// not silent.
+    fn walk(&self, first: u32) -> Result<Verdict> {
         let window = wait_chain::probe_window(self.transport.op_timeout());
-        let mut chain = WaitChain::new(self.transport.rank(), first);
+        let mut chain = WaitChain::new(self.waiter(first));
         loop {
             let current = chain.current();
-            let step = match self.ask(current, first, window)? {
-                Some(next) if self.members.contains(&next) => chain.answered(next),
-                Some(next) => {
-                    return Err(CollectiveError::protocol(
-                        Some(current),
-                        format!(
-                            "wait probe answered with rank {next}, not a member of group {}",
-                            self.group
-                        ),
-                    ));
-                }
-                None => Step::Culprit(current),
-            };
-            if let Step::Culprit(culprit) = step {
+            let said = self.ask(current, first, window)?;
+            let Some(said) = said.or_else(|| self.health.heard_from(current)) else {
                 tracing::warn!(
                     group = self.group,
-                    culprit,
+                    culprit = current,
                     chain = %chain.describe(),
-                    "timed out; the chain of waits ends at rank {culprit}"
+                    "timed out; the chain of waits ends at rank {current}"
                 );
-                return Ok(culprit);
+                return Ok(Verdict::Culprit(current));
+            };
+            if !self.members.contains(&said.waits_on) {
+                return Err(CollectiveError::protocol(
+                    Some(current),
+                    format!(
+                        "wait probe answered with rank {}, not a member of group {}",
+                        said.waits_on, self.group
+                    ),
+                ));
+            }
+            if let Step::Deadlock(waits) = chain.answered(said) {
+                tracing::warn!(
+                    group = self.group,
+                    chain = %chain.describe(),
+                    "timed out in a deadlock: the chain of waits closes on itself"
+                );
+                return Ok(Verdict::Deadlock(waits));
             }
         }
     }
 
-    /// Probes world rank `peer` and waits up to `window` for its answer: the rank it waits
-    /// on, or `None` when it does not answer. Meanwhile this rank keeps looking for failure
-    /// notices and answers probes itself (it waits on `waits_on`).
-    fn ask(&self, peer: u32, waits_on: u32, window: Duration) -> Result<Option<u32>> {
+    /// Probes world rank `peer` and waits up to `window` for its answer: what it waits in
+    /// and on whom, or `None` when it does not answer. Meanwhile this rank keeps looking for
+    /// failure notices and answers probes itself (it waits on `waits_on`).
+    fn ask(&self, peer: u32, waits_on: u32, window: Duration) -> Result<Option<Waiter>> {
         let tag = wait_chain::answer_tag(self.group);
         let start = Instant::now();
+        let probe = wait_chain::encode_probe(waits_on, &self.waits_in(waits_on));
         let mut probed = false;
         loop {
             // A rank whose socket does not take the probe (stopped, or cut off with its
@@ -318,7 +413,7 @@ impl<'a> Watch<'a> {
                 probed = self.transport.try_send_message(
                     peer,
                     wait_chain::probe_tag(self.group),
-                    &[&wait_chain::PROBE],
+                    &[&probe],
                     Duration::ZERO,
                 )?;
             }
@@ -329,7 +424,7 @@ impl<'a> Watch<'a> {
             {
                 return wait_chain::decode_answer(peer, &answer).map(Some);
             }
-            self.poll_notices()?;
+            self.notices(waits_on)?;
             self.answer_probes(waits_on)?;
             if start.elapsed() >= window {
                 return Ok(None);
@@ -412,6 +507,8 @@ impl<'a> Watch<'a> {
         let cause = error.fatal_cause()?;
         let (culprit, reporter) = match *error {
             CollectiveError::GroupFailed { peer, reporter, .. } => (peer, reporter),
+            // A deadlock has no culprit; its notice names the rank that found it.
+            CollectiveError::Deadlock { found_by, .. } => (found_by, found_by),
             CollectiveError::PeerLost { peer, .. }
             | CollectiveError::Unreceived { peer, .. }
             | CollectiveError::Timeout {
@@ -473,6 +570,27 @@ impl<'a> Watch<'a> {
             let _ = self.transport.try_send_failure(peer, tag, failure, window);
         }
     }
+}
+
+/// How a walk along the chain of waits ends.
+#[derive(Debug)]
+enum Verdict {
+    /// At this world rank, which did not answer: the culprit.
+    Culprit(u32),
+    /// Back at a rank already in the chain: a deadlock, with every wait along the way.
+    Deadlock(Vec<Waiter>),
+}
+
+/// The user tags and byte lengths of the messages from world rank `peer` that wait unreceived
+/// under user tags other than `tag`: the usual cause of a point-to-point hang is a tag that
+/// differs between sender and receiver.
+pub(crate) fn unreceived_beside(transport: &dyn Transport, peer: u32, tag: u32) -> Vec<(u32, u64)> {
+    transport
+        .unreceived_from(peer)
+        .into_iter()
+        .filter(|(t, _)| t.is_user() && t.raw() != u64::from(tag))
+        .map(|(t, bytes)| (t.raw() as u32, bytes))
+        .collect()
 }
 
 #[cfg(test)]

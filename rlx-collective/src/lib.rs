@@ -125,7 +125,7 @@ pub use init::{BACKEND_VAR, compiled_backends, init, join};
 pub use rlx_transport::{
     Admission, CollectiveError, DEFAULT_OP_TIMEOUT, DType, Delegate, Element, FAILURE_WIRE_LEN,
     Failure, FatalCause, Inbox, MemJoiner, MemTransport, NativeCollectives, NativeOp, ReduceKind,
-    Result, TAG_RESERVED_BASE, TRANSPORT_GROUP, Tag, Transport, negotiate_reduce_dtype,
+    Result, TAG_RESERVED_BASE, TRANSPORT_GROUP, Tag, Transport, Waiter, negotiate_reduce_dtype,
 };
 pub use select::{Algorithm, CollectiveOp};
 

@@ -17,7 +17,7 @@ use crate::all_reduce::one_sided::region::OneSided;
 use crate::flight::FlightRecorder;
 use crate::health::{FailureScope, Health, NOTICE_SLICE, Watch, slice_for};
 use crate::select::{Algorithm, CollectiveOp, Settings};
-use crate::wait_chain::ANSWER_PHASE;
+use crate::wait_chain::{ANSWER_PHASE, Doing};
 use crate::{CollectiveError, DType, Failure, NativeCollectives, Result, Tag, Transport};
 
 /// How many sends [`OpCtx::send_all_during`] keeps in flight at once. Each holds its link and
@@ -129,7 +129,12 @@ impl<'a> OpCtx<'a> {
             timeout: transport.op_timeout(),
             kind: id.kind,
             settings: id.settings,
-            watch: Watch::new(transport, members, id.rank, id.group, health, id.scope),
+            watch: Watch::new(transport, members, id.rank, id.group, health, id.scope).doing(
+                Doing::Collective {
+                    op: id.kind.name(),
+                    seq: id.seq,
+                },
+            ),
             one_sided,
             flight,
         }

@@ -275,8 +275,9 @@ const FILLER_BYTES: usize = 2 << 20;
 fn answer_from_inside_the_send(prober: &ProcessGroup, sender: &dyn Transport) -> Option<Vec<u8>> {
     /// The phase (sequence number 0) that carries the answers to wait probes.
     const ANSWER_PHASE: u16 = u16::MAX - 2;
-    /// A wait probe: its kind, and nothing else.
-    const PROBE: [u8; 1] = [1];
+    /// A wait probe: its kind, the rank the prober waits on (rank 0, a little-endian `u32`)
+    /// and an empty description of its wait.
+    const PROBE: [u8; 6] = [1, 0, 0, 0, 0, 0];
     let deadline = std::time::Instant::now() + common::TEST_TIMEOUT;
     while sender.traffic().map_or(0, |t| t.sent_bytes) < FILLER_BYTES as u64 {
         if std::time::Instant::now() >= deadline {
@@ -308,8 +309,9 @@ fn answer_from_inside_the_send(prober: &ProcessGroup, sender: &dyn Transport) ->
 fn a_rank_stuck_sending_to_the_stalled_rank_is_not_blamed() {
     const BIG: usize = 64 << 20;
     /// An answer to a wait probe: its kind, then the world rank the answering rank waits on,
-    /// here rank 1 (a little-endian `u32`).
+    /// here rank 1 (a little-endian `u32`), then what it waits in, after its length.
     const WAITS_ON_ONE: [u8; 5] = [2, 1, 0, 0, 0];
+    const WAITS_IN: &[u8] = b"send(to 1, tag 5)";
     for how in [StuckSend::Send, StuckSend::Exchange] {
         let world = common::tcp_world(3, common::free_port(), |rank, n, port| {
             let op_timeout = if rank == 2 {
@@ -360,9 +362,10 @@ fn a_rank_stuck_sending_to_the_stalled_rank_is_not_blamed() {
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
         drop(two_held);
+        let expected = [&WAITS_ON_ONE[..], &[WAITS_IN.len() as u8], WAITS_IN].concat();
         assert_eq!(
             answer.as_deref(),
-            Some(&WAITS_ON_ONE[..]),
+            Some(&expected[..]),
             "{how:?}: rank 0, stuck sending to rank 1, did not answer a probe with rank 1 \
              (rank 0 gave {sending:?})"
         );

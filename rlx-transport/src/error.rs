@@ -96,6 +96,23 @@ pub enum CollectiveError {
         /// The element type the receive expected, to give the lengths in elements.
         dtype: Option<DType>,
     },
+    /// Ranks wait on each other, so none of them can go on: a receive under the wrong tag, a
+    /// receive that no send matches, one rank in a collective while its peer waits in a
+    /// receive. Found by following who waits on whom after a timeout; every rank of the
+    /// cycle reports it, and no rank is blamed, since none is silent. Fatal.
+    #[error("{}", deadlock(op, *after, *found_by, waits))]
+    Deadlock {
+        /// The operation that waited on this rank.
+        op: &'static str,
+        /// How long it waited before it timed out, when this rank found the deadlock itself
+        /// (`None`: another rank's notice ended the wait).
+        after: Option<Duration>,
+        /// The world rank that found the deadlock by following the chain of waits.
+        found_by: u32,
+        /// What the ranks of the cycle (as far as this rank learned it) wait in and on whom,
+        /// this rank's own wait among them.
+        waits: Vec<Waiter>,
+    },
     /// The connection to a peer closed, reset or the peer's process ended.
     #[error("peer rank {peer} lost: {reason}")]
     PeerLost {
@@ -115,10 +132,7 @@ pub enum CollectiveError {
     /// A rank of this group failed fatally ([`cause`](FatalCause) says how), so the group can
     /// no longer be trusted: this operation and every later one of the group fail on every
     /// rank. Build a new group.
-    #[error(
-        "group unusable after a fatal failure involving peer rank {peer} ({cause}), reported by \
-         rank {reporter}"
-    )]
+    #[error("{}", group_failed(*peer, *cause, *reporter))]
     GroupFailed {
         /// The rank the failure is about: the lost, silent or misbehaving peer, or the rank whose
         /// own transport failed when no peer was to blame.
@@ -197,6 +211,58 @@ fn lengths(expected: u64, got: u64, dtype: Option<DType>) -> String {
     }
 }
 
+/// The text of [`CollectiveError::Deadlock`]: how the wait ended, then the waits, `rank 0
+/// waits on rank 1 in barrier #3; rank 1 waits on rank 0 in ...`.
+fn deadlock(op: &str, after: Option<Duration>, found_by: u32, waits: &[Waiter]) -> String {
+    let list: Vec<String> = waits.iter().map(Waiter::to_string).collect();
+    match after {
+        Some(after) => format!(
+            "{op} timed out after {after:?} in a deadlock: {}",
+            list.join("; ")
+        ),
+        None => format!(
+            "{op} ended in a deadlock (found by rank {found_by}): {}",
+            list.join("; ")
+        ),
+    }
+}
+
+/// The text of [`CollectiveError::GroupFailed`]: a deadlock involves no single rank, so its
+/// notice names the rank that found it rather than a culprit.
+fn group_failed(peer: u32, cause: FatalCause, reporter: u32) -> String {
+    match cause {
+        FatalCause::Deadlock => format!(
+            "group unusable after a deadlock (ranks waiting on each other) found by rank {reporter}"
+        ),
+        _ => format!(
+            "group unusable after a fatal failure involving peer rank {peer} ({cause}), reported \
+             by rank {reporter}"
+        ),
+    }
+}
+
+/// One rank's wait in a [`CollectiveError::Deadlock`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Waiter {
+    /// The waiting rank (a world rank).
+    pub rank: u32,
+    /// What it waits in, as it says it: `barrier #3`, `recv(from 0, tag 8)`, with the
+    /// messages from its peer that wait unreceived under other tags.
+    pub waits_in: String,
+    /// The world rank it waits on.
+    pub waits_on: u32,
+}
+
+impl fmt::Display for Waiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rank {} waits on rank {} in {}",
+            self.rank, self.waits_on, self.waits_in
+        )
+    }
+}
+
 fn with_peer(peer: Option<u32>) -> String {
     peer.map_or_else(String::new, |rank| format!(" with rank {rank}"))
 }
@@ -212,6 +278,13 @@ impl CollectiveError {
     /// Shorthand for [`CollectiveError::InvalidArgument`].
     pub fn invalid(what: impl Into<String>) -> Self {
         Self::InvalidArgument { what: what.into() }
+    }
+
+    /// The text [`CollectiveError::Unreceived`] gives its messages (user tag and length in
+    /// bytes each), in elements of `dtype` where they are whole numbers of them: `tag 7 (1024
+    /// bf16 elements, 2048 bytes)`.
+    pub fn describe_unreceived(unreceived: &[(u32, u64)], dtype: Option<DType>) -> String {
+        unreceived_list(unreceived, dtype)
     }
 
     /// Shorthand for [`CollectiveError::Config`].
@@ -243,6 +316,7 @@ impl CollectiveError {
         match self {
             Self::PeerLost { .. } => Some(FatalCause::PeerLost),
             Self::Timeout { .. } | Self::Unreceived { .. } => Some(FatalCause::Timeout),
+            Self::Deadlock { .. } => Some(FatalCause::Deadlock),
             Self::Aborted => Some(FatalCause::Aborted),
             Self::Protocol { .. } => Some(FatalCause::Protocol),
             Self::Io { .. } => Some(FatalCause::Io),
@@ -278,6 +352,8 @@ pub enum FatalCause {
     /// [`Transport::exclude_peer`](crate::Transport::exclude_peer)): it was unreachable or did
     /// not answer within the operation timeout.
     Excluded,
+    /// Ranks of the group wait on each other ([`CollectiveError::Deadlock`]).
+    Deadlock,
 }
 
 impl FatalCause {
@@ -290,6 +366,7 @@ impl FatalCause {
             FatalCause::Protocol => 4,
             FatalCause::Io => 5,
             FatalCause::Excluded => 6,
+            FatalCause::Deadlock => 7,
         }
     }
 
@@ -302,6 +379,7 @@ impl FatalCause {
             4 => Some(FatalCause::Protocol),
             5 => Some(FatalCause::Io),
             6 => Some(FatalCause::Excluded),
+            7 => Some(FatalCause::Deadlock),
             _ => None,
         }
     }
@@ -316,6 +394,7 @@ impl fmt::Display for FatalCause {
             FatalCause::Protocol => "protocol error",
             FatalCause::Io => "i/o error",
             FatalCause::Excluded => "declared dead by the survivors",
+            FatalCause::Deadlock => "ranks waiting on each other",
         })
     }
 }

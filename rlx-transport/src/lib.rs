@@ -60,7 +60,7 @@ pub use bootstrap::{LaunchEnv, Rendezvous};
 pub use delegate::Delegate;
 pub use dtype::{DType, ReduceKind, negotiate_reduce_dtype};
 pub use element::Element;
-pub use error::{CollectiveError, FatalCause, Result};
+pub use error::{CollectiveError, FatalCause, Result, Waiter};
 pub use failure::{FAILURE_WIRE_LEN, Failure};
 pub use inbox::Inbox;
 pub use mem::{MemJoiner, MemTransport};

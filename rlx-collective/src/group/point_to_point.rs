@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use super::ProcessGroup;
-use crate::health::{FailureScope, NOTICE_SLICE, Watch, slice_for};
+use crate::health::{FailureScope, NOTICE_SLICE, Watch, slice_for, unreceived_beside};
+use crate::wait_chain::Doing;
 use crate::{CollectiveError, DType, Element, Result, Tag, Transport};
 
 impl ProcessGroup {
@@ -118,7 +119,7 @@ impl ProcessGroup {
         let peer = self.world_peer(to)?;
         let elements = (data.len() / dtype.size()) as u64;
         self.recorded("send", (peer, user_tag), dtype, Some(elements), || {
-            let watch = self.watch();
+            let watch = self.watch().doing(Doing::Send { to, tag: user_tag });
             watch.check()?;
             watch
                 .answering_while_blocked(peer, || {
@@ -236,10 +237,11 @@ impl ProcessGroup {
         dtype: DType,
     ) -> Result<usize> {
         crate::check_dtype_len(data.len(), dtype)?;
+        let to_rank = to;
         let to = self.world_peer(to)?;
         let mut sent = false;
         let slice = slice_for(buf.len());
-        let watch = self.watch();
+        let watch = self.watch().doing(Doing::Send { to: to_rank, tag });
         let record = ("send_recv", dtype, Some((data.len() / dtype.size()) as u64));
         let (peer, len) = self.receive(
             (from, tag),
@@ -278,7 +280,11 @@ impl ProcessGroup {
         let transport = self.shared.transport.as_ref();
         let (op, dtype, elements) = record;
         self.recorded(op, (peer, user_tag), dtype, elements, || {
-            let watch = self.watch();
+            let watch = self.watch().doing(Doing::Recv {
+                from,
+                tag: user_tag,
+                dtype,
+            });
             watch
                 .wait(after, slice, peer, |deadline| {
                     receive(transport, peer, tag, deadline)
@@ -317,12 +323,7 @@ fn unreceived(
     else {
         return error;
     };
-    let others: Vec<(u32, u64)> = transport
-        .unreceived_from(peer)
-        .into_iter()
-        .filter(|(t, _)| t.is_user() && t.raw() != u64::from(tag))
-        .map(|(t, bytes)| (t.raw() as u32, bytes))
-        .collect();
+    let others = unreceived_beside(transport, peer, tag);
     if others.is_empty() {
         return CollectiveError::Timeout {
             peer: Some(peer),
