@@ -68,6 +68,7 @@ pub(crate) const DEFAULT_TARGETS: &[&str] = &[
     "abort",
     "clean_exit",
     "compressed_tcp",
+    "deadlock",
     "departure",
     "examples",
     "failure_propagation",
