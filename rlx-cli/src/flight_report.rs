@@ -225,32 +225,7 @@ pub(crate) fn diagnose(entries: &[Entry], world: Option<u32>) -> String {
             .filter_map(|ops| ops.keys().next_back().copied())
             .max()
             .unwrap_or(0);
-        for seq in from..=to {
-            let missing: Vec<u32> = ranks
-                .iter()
-                .filter(|(_, ops)| !ops.contains_key(&seq))
-                .map(|(rank, _)| *rank)
-                .collect();
-            if missing.is_empty() {
-                continue;
-            }
-            let op = ranks
-                .values()
-                .find_map(|ops| ops.get(&seq))
-                .map_or("?", |e| e.op.as_str());
-            for rank in missing {
-                let instead = ranks[&rank]
-                    .values()
-                    .next_back()
-                    .map_or_else(|| "no operation".to_owned(), |e| e.describe());
-                let _ = writeln!(
-                    out,
-                    "  first operation not entered by every rank: {op} #{seq}: rank {rank} never \
-                     entered it (its last: {instead})"
-                );
-            }
-            break;
-        }
+        first_missing(&mut out, &ranks, from..=to);
         for line in unmatched_messages(&calls) {
             let _ = writeln!(out, "  {line}");
         }
@@ -284,6 +259,37 @@ fn rank_lines(out: &mut String, ranks: &Ranks<'_>, calls: &[&Entry]) {
             unfinished.join("; ")
         };
         let _ = writeln!(out, "  rank {rank}: completed {done}; {now}");
+    }
+}
+
+/// The first sequence number in `seqs` that some rank never entered, with what each such rank
+/// did instead.
+fn first_missing(out: &mut String, ranks: &Ranks<'_>, seqs: std::ops::RangeInclusive<u32>) {
+    for seq in seqs {
+        let missing: Vec<u32> = ranks
+            .iter()
+            .filter(|(_, ops)| !ops.contains_key(&seq))
+            .map(|(rank, _)| *rank)
+            .collect();
+        if missing.is_empty() {
+            continue;
+        }
+        let op = ranks
+            .values()
+            .find_map(|ops| ops.get(&seq))
+            .map_or("?", |e| e.op.as_str());
+        for rank in missing {
+            let instead = ranks[&rank]
+                .values()
+                .next_back()
+                .map_or_else(|| "no operation".to_owned(), |e| e.describe());
+            let _ = writeln!(
+                out,
+                "  first operation not entered by every rank: {op} #{seq}: rank {rank} never \
+                 entered it (its last: {instead})"
+            );
+        }
+        break;
     }
 }
 
