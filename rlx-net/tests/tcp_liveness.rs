@@ -13,6 +13,10 @@
 //! - `a_computing_rank_is_not_lost`: in one process, a rank sleeps for three detection windows
 //!   while its peer waits on it and pushes more than its unexpected budget at it; everything
 //!   arrives and nobody is lost.
+//! - `an_exchange_stuck_sending_still_hears_its_other_peer`: in one process, a rank whose
+//!   exchange (a ring step) has its receive done but its send stuck behind a peer that reads
+//!   nothing must go on hearing the peer it received from, and must keep that peer's message
+//!   for a later receive when the send fails.
 //! - In network namespaces (root only; ignored with the reason otherwise, failing under
 //!   `CI=true`): three ranks, one rank's cable cut by taking its switch port down or by a `tc`
 //!   rule that drops every packet, during a transfer and while the links are idle; both
@@ -468,23 +472,37 @@ fn sigstop_is_caught_under_the_default_timeout() {
     summary("SIGSTOP, default timeout", times);
 }
 
+/// `world` ranks in this process over loopback, each built by `adjust` on a plain builder.
+fn ranks_in_process(
+    world: u32,
+    adjust: fn(TcpTransportBuilder) -> TcpTransportBuilder,
+) -> Vec<TcpTransport> {
+    let port = free_port();
+    let builders: Vec<_> = (0..world)
+        .map(|rank| {
+            thread::spawn(move || {
+                adjust(TcpTransport::builder())
+                    .rank(rank)
+                    .world_size(world)
+                    .master("127.0.0.1", port)
+                    .build()
+                    .expect("build")
+            })
+        })
+        .collect();
+    builders
+        .into_iter()
+        .map(|b| b.join().expect("a rank's build"))
+        .collect()
+}
+
 /// Two ranks in this process over loopback, both built by `adjust` on a plain builder.
 fn two_ranks(
     adjust: fn(TcpTransportBuilder) -> TcpTransportBuilder,
 ) -> (TcpTransport, TcpTransport) {
-    let port = free_port();
-    let build = move |rank: u32| {
-        thread::spawn(move || {
-            adjust(TcpTransport::builder())
-                .rank(rank)
-                .world_size(2)
-                .master("127.0.0.1", port)
-                .build()
-                .expect("build")
-        })
-    };
-    let (a, b) = (build(0), build(1));
-    (a.join().expect("rank 0"), b.join().expect("rank 1"))
+    let mut ranks = ranks_in_process(2, adjust);
+    let b = ranks.pop().expect("rank 1");
+    (ranks.pop().expect("rank 0"), b)
 }
 
 fn a_computing_rank_is_not_lost() {
@@ -518,6 +536,83 @@ fn a_computing_rank_is_not_lost() {
     // Both links still work both ways.
     b.send_bytes(0, 5, b"still here").expect("send");
     assert_eq!(a.recv_bytes(1, 5).expect("recv"), b"still here");
+}
+
+/// Rank 1 exchanges with two peers at once (a ring step: receives a small message from rank
+/// 0, sends a large one to rank 2); its receive completes at once, while its send stays stuck
+/// behind rank 2, which is alive but reads nothing (its unexpected budget is full), until the
+/// operation timeout. Rank 0 waits meanwhile, sending nothing but beats. Rank 1 must go on
+/// hearing rank 0: once an exchange's receive is complete, the exchange must stop holding the
+/// reader role of rank 0's links, or nobody reads its beats and a live rank is declared
+/// silent (seen when a rank of a ring was stopped: its neighbour blamed a live rank too).
+fn an_exchange_stuck_sending_still_hears_its_other_peer() {
+    // Twice the detection window and more: rank 0's beats go unread for that long if the
+    // exchange keeps its links.
+    const STUCK: Duration = Duration::from_secs(12);
+    const BIG: usize = 32 << 20;
+    let mut ranks = ranks_in_process(3, |builder| {
+        // TCP only, so that the stuck send blocks on a socket; and a small budget, so that
+        // rank 2 stops reading rank 1 after one MiB.
+        builder
+            .op_timeout(STUCK)
+            .single_copy(false)
+            .lane_bytes(0)
+            .max_unexpected_bytes(1 << 20)
+    });
+    let idle = ranks.pop().expect("rank 2");
+    let exchanging = ranks.pop().expect("rank 1");
+    let waiting = ranks.pop().expect("rank 0");
+    let (starting, started) = mpsc::channel();
+    let rank1 = thread::spawn(move || {
+        // One message fills rank 2's budget (a first message is always admitted), so that it
+        // leaves the exchange's frames unread.
+        exchanging
+            .send_bytes(2, 5, &vec![5u8; 1 << 20])
+            .expect("a message that fills rank 2's budget");
+        let mut small = [0u8; 1024];
+        starting.send(()).expect("rank 0 waits for the exchange");
+        let error = exchanging
+            .send_recv_into(
+                2,
+                0,
+                Tag::user(3).expect("a user tag"),
+                &[&vec![7u8; BIG]],
+                &mut small,
+                STUCK,
+            )
+            .expect_err("rank 2 receives nothing: the send must time out");
+        let text = error.to_string();
+        assert!(
+            text.contains("rank 2"),
+            "the stuck send names rank 2: {text}"
+        );
+        // The failed exchange left rank 0's message for a later receive.
+        let mine = exchanging.recv_bytes_timeout(0, 3, Duration::ZERO);
+        assert!(
+            matches!(&mine, Ok(Some(m)) if m[..] == [1u8; 1024]),
+            "rank 0's message, kept: {:?}",
+            mine.map(|m| m.map(|m| m.len()))
+        );
+        // Rank 0 is as alive as ever.
+        exchanging
+            .send_bytes(0, 4, b"still here")
+            .expect("rank 1 sends to rank 0 after its exchange");
+        exchanging
+    });
+    // Sent once the exchange has most likely posted its receive, so that the receive holds
+    // rank 0's links (a message that arrived earlier is taken from the queue instead, and the
+    // test still checks that it is kept).
+    started.recv().expect("rank 1 starts its exchange");
+    thread::sleep(Duration::from_secs(1));
+    waiting
+        .send_bytes(1, 3, &[1u8; 1024])
+        .expect("rank 0's message to rank 1");
+    let reply = waiting
+        .recv_bytes_timeout(1, 4, STUCK * 5)
+        .expect("rank 1 must not have lost rank 0");
+    assert_eq!(reply.as_deref(), Some(&b"still here"[..]));
+    let exchanging = rank1.join().expect("rank 1");
+    drop((exchanging, idle));
 }
 
 /// Runs one link-cut scenario in namespaces: `role` is `transfer` or `idle`.
@@ -715,6 +810,11 @@ fn main() {
         common::trial(
             "a_computing_rank_is_not_lost",
             a_computing_rank_is_not_lost,
+            None,
+        ),
+        common::trial(
+            "an_exchange_stuck_sending_still_hears_its_other_peer",
+            an_exchange_stuck_sending_still_hears_its_other_peer,
             None,
         ),
         common::trial(

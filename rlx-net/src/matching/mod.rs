@@ -425,6 +425,41 @@ impl State {
         }
     }
 
+    /// Puts a message that a receive had taken back at the head of `from`'s queue, when the
+    /// call that took it failed for another reason (an exchange whose send failed): a later
+    /// receive under `tag` takes it as if it had never been received. `own` is the receive's
+    /// buffer, where a landed message is. Receives match in order, so it was the oldest
+    /// message of its tag and the head keeps each tag's order (the order across tags does not
+    /// matter); it takes the head's sequence number, which keeps the queue sorted and is never
+    /// looked up (only arriving entries are). A message too long for the receive's buffer was
+    /// consumed by it and has nothing to put back.
+    pub(crate) fn put_back(&mut self, from: u32, tag: Tag, outcome: Outcome, own: Option<&[u8]>) {
+        let (body, weight) = match outcome {
+            Outcome::Owned(bytes) => {
+                let weight = bytes.len() as u64;
+                (Body::Data(bytes), weight)
+            }
+            Outcome::Landed(len) => {
+                let bytes = own
+                    .and_then(|b| b.get(..len))
+                    .map_or_else(Vec::new, <[u8]>::to_vec);
+                let weight = bytes.len() as u64;
+                (Body::Data(bytes), weight)
+            }
+            Outcome::Failure(failure) => (Body::Failure(failure), notices::NOTICE_WEIGHT),
+            Outcome::TooLong { .. } => return,
+        };
+        let peer = self.peer(from);
+        let seq = peer.queue.front().map_or(0, |q| q.seq);
+        peer.unexpected_bytes = peer.unexpected_bytes.saturating_add(weight);
+        peer.queue.push_front(Queued {
+            seq,
+            tag,
+            body,
+            weight,
+        });
+    }
+
     /// The reader of link 0 of `from` decoded the first frame of message `seq` (`total` bytes
     /// under `tag`). `reader` is the reading thread's own posted receive, if any. Returns where
     /// the payload lands; [`Landing::Park`] leaves the frame unread (budget exhausted, or a
@@ -625,7 +660,11 @@ impl State {
                 }
             }
             Target::Unexpected => {
-                if let Some(q) = peer.queue.iter_mut().find(|q| q.seq == a.seq) {
+                if let Some(q) = peer
+                    .queue
+                    .iter_mut()
+                    .find(|q| matches!(q.body, Body::Arriving) && q.seq == a.seq)
+                {
                     q.body = match outcome {
                         Outcome::Owned(buf) => Body::Data(buf),
                         // A message redirected from a withdrawn receive into a discard has no

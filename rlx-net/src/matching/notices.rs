@@ -7,7 +7,7 @@ use rlx_transport::{CollectiveError, Failure, Tag};
 use super::{Body, Outcome, PeerState, PostState, Queued, State};
 
 /// Accounting weight of one queued failure notice, so that a flood of them is bounded too.
-const NOTICE_WEIGHT: u64 = 64;
+pub(super) const NOTICE_WEIGHT: u64 = 64;
 
 impl State {
     /// A failure notice this rank sent to itself.

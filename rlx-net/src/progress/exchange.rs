@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use rlx_transport::{CollectiveError, Tag, blocked_send};
 
 use crate::frame::FrameKind;
-use crate::matching::{Begin, Outcome};
+use crate::matching::{Begin, Outcome, Withdrawn};
 use crate::sync::lock;
 
 use super::Engine;
@@ -76,7 +76,10 @@ impl Engine {
             (st, Begin::Ready(outcome)) => {
                 drop(st);
                 self.hub.wake();
-                self.send(to, FrameKind::Data, tag, parts)?;
+                if let Err(error) = self.send(to, FrameKind::Data, tag, parts) {
+                    lock(&self.hub.state).put_back(from, tag, outcome, None);
+                    return Err(error);
+                }
                 return Ok(Some(outcome));
             }
         };
@@ -92,16 +95,24 @@ impl Engine {
         let sent = self.send_with(to, FrameKind::Data, tag, parts, hook, None);
         let holding = receive.reading();
         if let Err(error) = sent {
-            if holding {
+            let finished = if holding {
                 // Bytes of the receive may be landing in the caller's buffer: they move to a
                 // copy of the transport's own, which a later receive takes.
-                self.withdraw_while_reading(from, io, &mut receive.own);
+                self.withdraw_while_reading(from, io, &mut receive.own)
             } else {
                 let own = receive.own.buf.as_deref();
-                lock(&self.hub.state).withdraw(from, id, own);
-            }
+                match lock(&self.hub.state).withdraw(from, id, own) {
+                    Withdrawn::Finished(outcome) => Some(outcome),
+                    Withdrawn::Gone | Withdrawn::Moved { .. } => None,
+                }
+            };
             if receive.holds {
                 self.hub.release_links(self, from);
+            }
+            // A receive that finished during the failed send gives its message back.
+            if let Some(outcome) = finished {
+                let own = receive.own.buf.as_deref();
+                lock(&self.hub.state).put_back(from, tag, outcome, own);
             }
             return Err(error);
         }
@@ -142,7 +153,14 @@ impl Engine {
                 match self.service(c.from, k, link, &mut rx, Some(&mut c.own)) {
                     Ok(Service::Progress) => progress = true,
                     Ok(Service::OwnDone) => {
+                        // The links go back at once: the send may stay stuck behind its own
+                        // peer for long, and meanwhile whoever reads free links (the watcher,
+                        // a blocked send) must go on hearing this one, or its heartbeats go
+                        // unread and a live rank is declared silent.
+                        drop(rx);
                         c.done = true;
+                        c.holds = false;
+                        self.hub.release_links(self, c.from);
                         return true;
                     }
                     Ok(Service::Idle | Service::Parked) => break,
