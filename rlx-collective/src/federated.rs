@@ -118,6 +118,7 @@ fn run_root(
                     expected: expected as u64,
                     got: bytes.len() as u64,
                     dtype: None,
+                    lengths: Vec::new(),
                 };
                 // The members wait on the result phase, so that is where they must hear it.
                 ctx.phase(1).notify_failure(&error);
@@ -164,6 +165,7 @@ fn run_member(ctx: &OpCtx<'_>, data: &mut [f32], deadline: Duration) -> Result<(
             expected: expected as u64,
             got: bytes.len() as u64,
             dtype: None,
+            lengths: Vec::new(),
         });
     }
     for (x, v) in data.iter_mut().zip(le_f32s(&bytes[8..])) {

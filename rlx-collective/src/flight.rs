@@ -219,6 +219,18 @@ impl FlightRecorder {
         entry.dtype.filter(|_| entry.seq == seq)?.parse().ok()
     }
 
+    /// How many bytes operation `seq` moves per rank, once it started and while the ring
+    /// holds it.
+    pub(crate) fn data_bytes(&self, seq: u32) -> Option<u64> {
+        let size = self.dtype(seq)?.size() as u64;
+        let slots = self.slots.lock();
+        let entry = slots[seq as usize % slots.len()].as_ref()?;
+        entry
+            .elements
+            .filter(|_| entry.seq == seq)?
+            .checked_mul(size)
+    }
+
     /// Operation `seq` runs on `algorithm`.
     pub(crate) fn algorithm(&self, seq: u32, algorithm: &'static str) {
         self.update(seq, |e| e.algorithm = Some(algorithm));

@@ -102,6 +102,7 @@ mod init;
 mod issue_order;
 mod kernels;
 mod layout;
+mod length_census;
 mod op;
 mod reduce;
 mod reduce_scatter;

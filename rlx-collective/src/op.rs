@@ -16,6 +16,7 @@ use std::time::Duration;
 use crate::all_reduce::one_sided::region::OneSided;
 use crate::flight::FlightRecorder;
 use crate::health::{FailureScope, Health, NOTICE_SLICE, Watch, slice_for};
+use crate::length_census::{self, CENSUS_WINDOW};
 use crate::select::{Algorithm, CollectiveOp, Settings};
 use crate::wait_chain::{ANSWER_PHASE, Doing};
 use crate::{CollectiveError, DType, Failure, NativeCollectives, Result, Tag, Transport};
@@ -365,6 +366,7 @@ impl<'a> OpCtx<'a> {
                 expected: expected as u64,
                 got: got as u64,
                 dtype: None,
+                lengths: Vec::new(),
             }),
             None => Err(self.timed_out(peer, self.timeout)),
         }
@@ -416,27 +418,57 @@ impl<'a> OpCtx<'a> {
         self.watch.answer_probes(waits_on)
     }
 
-    /// The error this rank reports for `error`: a length mismatch names this operation and
-    /// its element type (the transport it came through knows only that it received bytes),
-    /// and a timeout waiting on a member names the rank that is really unresponsive (see
-    /// [`Watch::blame`]).
-    pub(crate) fn explain(&self, error: CollectiveError) -> CollectiveError {
+    /// The error this rank reports for `error`, once it has told the other members (see
+    /// [`OpCtx::notify_failure`]). A length mismatch is told first: the error then waits for
+    /// the other members' notices, which say what each passed (see the `length_census`
+    /// module), and they wait for this rank's.
+    pub(crate) fn fail(&self, error: CollectiveError) -> CollectiveError {
+        if matches!(error, CollectiveError::LengthMismatch { .. }) {
+            self.notify_failure(&error);
+            return self.explain(error);
+        }
+        let error = self.explain(error);
+        self.notify_failure(&error);
+        error
+    }
+
+    /// The error this rank reports for `error`: a length mismatch names this operation, its
+    /// element type (the transport it came through knows only that it received bytes) and
+    /// what every member passed, and a timeout waiting on a member names the rank that is
+    /// really unresponsive (see [`Watch::blame`]).
+    fn explain(&self, error: CollectiveError) -> CollectiveError {
         match error {
             CollectiveError::LengthMismatch {
                 peer,
                 expected,
                 got,
                 dtype,
+                lengths,
                 ..
-            } => CollectiveError::LengthMismatch {
-                op: self.name(),
-                peer,
-                expected,
-                got,
-                dtype: dtype.or_else(|| self.flight.dtype(self.seq)),
-            },
+            } => {
+                let mut known = lengths;
+                if let (Some(own), Ok(me)) = (self.own_bytes(), self.world_rank(self.rank)) {
+                    known.push((me, own));
+                }
+                let window = CENSUS_WINDOW.min(self.timeout);
+                let lengths =
+                    length_census::gather(self.transport, self.tag, self.members, known, window);
+                CollectiveError::LengthMismatch {
+                    op: self.name(),
+                    peer: CollectiveError::odd_length(&lengths).or(peer),
+                    expected,
+                    got,
+                    dtype: dtype.or_else(|| self.flight.dtype(self.seq)),
+                    lengths,
+                }
+            }
             other => self.watch.blame(other),
         }
+    }
+
+    /// How many bytes this rank passed to the operation, once it started.
+    fn own_bytes(&self) -> Option<u64> {
+        self.flight.data_bytes(self.seq)
     }
 
     /// The timeout error for waiting on world rank `peer`.
@@ -454,7 +486,11 @@ impl<'a> OpCtx<'a> {
     pub(crate) fn notify_failure(&self, error: &CollectiveError) {
         let failure = match (error, self.watch.group_notice(error)) {
             (&CollectiveError::LengthMismatch { expected, got, .. }, _) => {
-                Failure::LengthMismatch { expected, got }
+                Failure::LengthMismatch {
+                    expected,
+                    got,
+                    own: self.own_bytes(),
+                }
             }
             (_, Some((notice, _))) => notice,
             (_, None) => Failure::Failed,

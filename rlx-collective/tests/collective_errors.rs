@@ -15,10 +15,13 @@ use rlx_collective::{
 const OP_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Checks that every rank failed with a `LengthMismatch` that names a collective (not the
-/// transport's receive it came through) and another rank, in its text too, with the lengths
-/// in elements of the operation's type.
-fn assert_length_mismatch(results: Vec<Result<(), CollectiveError>>, what: &str) {
+/// transport's receive it came through) and the rank whose length differs, `odd`, in its text
+/// too, with what that rank passed in elements of the operation's type. In a world of two
+/// neither stands apart: each rank names the other.
+fn assert_length_mismatch(results: Vec<Result<(), CollectiveError>>, what: &str, odd: u32) {
+    let world = results.len() as u32;
     for (rank, result) in (0u32..).zip(results) {
+        let named = if world == 2 { 1 - rank } else { odd };
         match result {
             Err(
                 ref error @ CollectiveError::LengthMismatch {
@@ -26,55 +29,68 @@ fn assert_length_mismatch(results: Vec<Result<(), CollectiveError>>, what: &str)
                     peer: Some(peer),
                     ..
                 },
-            ) if op != "recv" && peer != rank => {
+            ) if op != "recv" && peer == named => {
                 let text = error.to_string();
                 assert!(
                     text.starts_with(&format!(
-                        "{op}: length mismatch with rank {peer}: expected "
-                    )) && text.contains(" elements, got "),
+                        "{op}: length mismatch with rank {peer}: it passed "
+                    )) && text.contains(" elements where "),
                     "{what}: rank {rank}: {text}"
                 );
             }
             other => panic!(
                 "{what}: rank {rank} got {other:?}, expected LengthMismatch naming the \
-                 operation and another rank"
+                 operation and rank {named}"
             ),
         }
     }
 }
 
-/// The example of the error text: 1000 against 1001 `f32`s on two ranks.
+/// The example of the error text: 1000 against 1001 `f32`s on two ranks, then on four
+/// ranks, where every rank names the one whose length differs, whether it found the mismatch
+/// or heard of it.
 #[test]
 fn a_length_mismatch_says_which_operation_and_which_rank() {
     let results = common::on_each(common::world_with_timeout(2, OP_TIMEOUT), move |group| {
         let mut x = vec![1.0f32; 1000 + group.rank() as usize];
         group.all_reduce(&mut x, ReduceKind::Sum)
     });
-    let texts: Vec<String> = results
-        .iter()
-        .map(|r| {
-            r.as_ref()
-                .map_err(ToString::to_string)
-                .err()
-                .unwrap_or_default()
-        })
-        .collect();
-    // Each rank names the other; the lengths are those of whichever side found the mismatch.
-    for (rank, text) in texts.iter().enumerate() {
-        let other = 1 - rank;
-        assert!(
-            [
-                format!(
-                    "all_reduce: length mismatch with rank {other}: expected 1000 f32 elements, \
-                     got 1001 (4000 and 4004 bytes)"
-                ),
-                format!(
-                    "all_reduce: length mismatch with rank {other}: expected 1001 f32 elements, \
-                     got 1000 (4004 and 4000 bytes)"
-                ),
-            ]
-            .contains(text),
-            "rank {rank}: {text:?}"
+    let expected = [
+        "all_reduce: length mismatch with rank 1: it passed 1001 f32 elements where rank 0 \
+         passed 1000 f32 elements",
+        "all_reduce: length mismatch with rank 0: it passed 1000 f32 elements where rank 1 \
+         passed 1001 f32 elements",
+    ];
+    for (rank, result) in results.iter().enumerate() {
+        let text = result.as_ref().err().map(ToString::to_string);
+        assert_eq!(text.as_deref(), Some(expected[rank]), "rank {rank}");
+    }
+    rank_2_stands_apart(common::world_with_timeout(4, OP_TIMEOUT), "in process");
+    // The same over TCP, where the notices that carry the lengths cross sockets.
+    #[cfg(feature = "tcp")]
+    rank_2_stands_apart(
+        common::tcp_world(4, common::free_port(), |rank, n, port| {
+            common::loopback_builder(rank, n, port, OP_TIMEOUT)
+        }),
+        "over TCP",
+    );
+}
+
+/// Four ranks all-reduce 100 000 `f32`s but rank 2 passes one more: every rank names it.
+fn rank_2_stands_apart(groups: Vec<ProcessGroup>, what: &str) {
+    let results = common::on_each(groups, move |group| {
+        let count = if group.rank() == 2 { 100_001 } else { 100_000 };
+        group.all_reduce(&mut vec![1.0f32; count], ReduceKind::Sum)
+    });
+    for (rank, result) in results.iter().enumerate() {
+        let text = result.as_ref().err().map(ToString::to_string);
+        assert_eq!(
+            text.as_deref(),
+            Some(
+                "all_reduce: length mismatch with rank 2: it passed 100001 f32 elements where \
+                 ranks 0, 1, 3 passed 100000 f32 elements"
+            ),
+            "{what}: rank {rank}"
         );
     }
 }
@@ -127,6 +143,7 @@ fn mismatched_all_reduce_lengths_fail_on_every_rank() {
                 assert_length_mismatch(
                     results,
                     &format!("world {world} {algorithm} {normal} vs {odd}"),
+                    odd_rank,
                 );
             }
         }
@@ -146,7 +163,7 @@ fn mismatched_dtype_fails_on_every_rank() {
         then_all_reduce_works(&group);
         result
     });
-    assert_length_mismatch(results, "f32 vs f64");
+    assert_length_mismatch(results, "f32 vs f64", 2);
 }
 
 #[test]
@@ -161,7 +178,7 @@ fn mismatched_all_gather_lengths_fail_on_every_rank() {
             then_all_reduce_works(&group);
             result
         });
-        assert_length_mismatch(results, &format!("all_gather {algorithm}"));
+        assert_length_mismatch(results, &format!("all_gather {algorithm}"), 1);
     }
 }
 

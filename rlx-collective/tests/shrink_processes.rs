@@ -157,41 +157,10 @@ fn signal(child: &Child, which: &str) {
     assert!(status.success(), "kill {which} failed");
 }
 
-/// Freezes a rank with SIGSTOP and returns once it has stopped.
-///
-/// `kill(2)` returns when the signal is queued, not when the process has stopped: one of its
-/// threads must run to begin the stop, and on a loaded machine the rank's other threads can run
-/// first. A go-ahead sent at once could then be read, and the all-reduce run far enough for the
-/// survivors' all-reduce to succeed, before the rank stops. `waitid(2)` reports the stop only
-/// once every thread has stopped; `WNOWAIT` leaves the report (and an exit) for later waits.
+/// Freezes a rank with SIGSTOP and returns once it has stopped (see [`common::freeze`]); a
+/// rank that ended instead fails the test with how it ended.
 fn freeze(child: &mut Child, rank: usize, deadline: Instant) {
-    signal(child, "-STOP");
-    let pid = libc::id_t::from(child.id());
-    // SAFETY: `siginfo_t` is plain data, for which all zero bytes are a valid value.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    loop {
-        // SAFETY: `info` is a valid, writable `siginfo_t`, and `pid` is our own child, not
-        // reaped yet (WNOWAIT never reaps it).
-        let waited = unsafe {
-            libc::waitid(
-                libc::P_PID,
-                pid,
-                &mut info,
-                libc::WSTOPPED | libc::WEXITED | libc::WNOWAIT,
-            )
-        };
-        if waited == 0 {
-            break;
-        }
-        let error = std::io::Error::last_os_error();
-        assert_eq!(
-            error.kind(),
-            std::io::ErrorKind::Interrupted,
-            "waitid for rank {rank}: {error}"
-        );
-    }
-    if info.si_code != libc::CLD_STOPPED {
-        // It ended instead of stopping: report how, with what it wrote to stderr.
+    if common::freeze(child).is_err() {
         finish(child, rank, deadline);
         panic!("rank {rank} ended instead of stopping");
     }

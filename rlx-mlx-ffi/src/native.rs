@@ -155,6 +155,7 @@ impl ReducePlan {
                 expected: (count * self.wire.size()) as u64,
                 got: wire.len() as u64,
                 dtype: None,
+                lengths: Vec::new(),
             });
         }
         let mean = self.reduce == ReduceKind::Mean;

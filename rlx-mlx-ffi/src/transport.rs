@@ -311,6 +311,7 @@ fn check_world_blocks(op: &'static str, block: usize, whole: usize, world: u32) 
             expected,
             got: whole as u64,
             dtype: None,
+            lengths: Vec::new(),
         });
     }
     Ok(())

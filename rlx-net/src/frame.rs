@@ -35,7 +35,7 @@ pub(crate) const HEADER_LEN: usize = 48;
 pub(crate) enum FrameKind {
     /// (Part of) a message body.
     Data = 1,
-    /// A [`rlx_transport::Failure`] notice for `tag`; the payload is its 17-byte encoding.
+    /// A [`rlx_transport::Failure`] notice for `tag`; the payload is its [`FAILURE_WIRE_LEN`](rlx_transport::FAILURE_WIRE_LEN)-byte encoding.
     Failure = 2,
     /// The sender is closing its transport on purpose; no payload, no seq of its own.
     Close = 3,
@@ -246,7 +246,12 @@ mod tests {
             len: CAP - 4096,
         };
         assert_eq!(FrameHeader::decode(1, &h.encode(), CAP).unwrap(), h);
-        let f = FrameHeader::whole(FrameKind::Failure, Tag::user(1).unwrap(), 0, 17);
+        let f = FrameHeader::whole(
+            FrameKind::Failure,
+            Tag::user(1).unwrap(),
+            0,
+            FAILURE_WIRE_LEN as u64,
+        );
         assert_eq!(FrameHeader::decode(1, &f.encode(), CAP).unwrap(), f);
         let c = FrameHeader::whole(FrameKind::Close, Tag::from_raw(0), 0, 0);
         assert_eq!(FrameHeader::decode(1, &c.encode(), CAP).unwrap(), c);

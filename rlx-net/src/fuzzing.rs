@@ -449,7 +449,12 @@ pub fn seeds() -> Vec<Seed> {
         len: 8192,
     };
     add("frame_header", "data", data.encode().to_vec());
-    let failure = FrameHeader::whole(FrameKind::Failure, Tag::from_raw(5), 1, 17);
+    let failure = FrameHeader::whole(
+        FrameKind::Failure,
+        Tag::from_raw(5),
+        1,
+        FAILURE_WIRE_LEN as u64,
+    );
     add("frame_header", "failure", failure.encode().to_vec());
     let close = FrameHeader::whole(FrameKind::Close, Tag::from_raw(0), 0, 0);
     add("frame_header", "close", close.encode().to_vec());

@@ -69,6 +69,7 @@ fn owned(from: u32, outcome: Outcome) -> Result<Vec<u8>, CollectiveError> {
             expected: capacity as u64,
             got,
             dtype: None,
+            lengths: Vec::new(),
         }),
     }
 }

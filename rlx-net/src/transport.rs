@@ -160,6 +160,7 @@ impl TcpTransport {
                 expected: capacity as u64,
                 got,
                 dtype: None,
+                lengths: Vec::new(),
             }),
         }
     }
@@ -302,6 +303,7 @@ fn into_buffer(
                     expected: capacity as u64,
                     got: bytes.len() as u64,
                     dtype: None,
+                    lengths: Vec::new(),
                 })?;
             dst.copy_from_slice(&bytes);
             Ok(Some(bytes.len()))
@@ -313,6 +315,7 @@ fn into_buffer(
             expected: capacity as u64,
             got,
             dtype: None,
+            lengths: Vec::new(),
         }),
     }
 }

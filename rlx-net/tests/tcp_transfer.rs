@@ -154,6 +154,7 @@ fn recv_into_checks_the_length() {
                 expected: 8,
                 got: 9,
                 dtype: None,
+                ..
             }
         ),
         "{err}"
@@ -303,6 +304,7 @@ fn tags_stay_apart_and_notices_fail_fast() {
         Failure::LengthMismatch {
             expected: 4,
             got: 8,
+            own: None,
         },
     )
     .unwrap();
@@ -316,6 +318,7 @@ fn tags_stay_apart_and_notices_fail_fast() {
                 expected: 4,
                 got: 8,
                 dtype: None,
+                ..
             }
         ),
         "{err}"

@@ -30,7 +30,9 @@ use crate::DType;
 pub enum CollectiveError {
     /// A buffer or message had a different length than this operation requires, here or on a
     /// peer (lengths in bytes; the message gives them in elements when the type is known).
-    #[error("{op}: length mismatch{}: {}", with_peer(*peer), lengths(*expected, *got, *dtype))]
+    /// When the members said what they passed (`lengths`), the message names the rank whose
+    /// length differs from the others' instead.
+    #[error("{op}: length mismatch{}", mismatch(*peer, *expected, *got, *dtype, lengths))]
     LengthMismatch {
         /// The operation that found it (`"all_reduce"`, `"recv"`, `"get"`...).
         op: &'static str,
@@ -42,6 +44,10 @@ pub enum CollectiveError {
         got: u64,
         /// The element type the lengths count, when the operation knows it.
         dtype: Option<DType>,
+        /// What each member that said so passed to the operation, as (world rank, bytes),
+        /// this rank included: the collectives gather it after a mismatch from the members'
+        /// failure notices. Empty when nobody said.
+        lengths: Vec<(u32, u64)>,
     },
     /// A one-sided access fell outside the symmetric heap of `rank`.
     #[error(
@@ -197,6 +203,84 @@ fn unreceived_list(unreceived: &[(u32, u64)], dtype: Option<DType>) -> String {
 }
 
 /// Two lengths in bytes, said in elements of `dtype` when both are whole numbers of them.
+/// The text of [`CollectiveError::LengthMismatch`] after `length mismatch`: the rank whose
+/// length differs from every other's when the members' `reported` lengths show one (`with
+/// rank 2: it passed 1001 f32 elements where ranks 0, 1, 3 passed 1000`), every group of ranks
+/// with its length when they show several, else what this rank expected and got from `peer`.
+fn mismatch(
+    peer: Option<u32>,
+    expected: u64,
+    got: u64,
+    dtype: Option<DType>,
+    reported: &[(u32, u64)],
+) -> String {
+    let groups = length_groups(reported);
+    if groups.len() < 2 {
+        return format!("{}: {}", with_peer(peer), lengths(expected, got, dtype));
+    }
+    let unit = |len: u64| match dtype {
+        Some(dtype) if len % dtype.size() as u64 == 0 => {
+            format!("{} {dtype} elements", len / dtype.size() as u64)
+        }
+        _ => format!("{len} bytes"),
+    };
+    // The rank that stands apart, or else (two lengths, two ranks) the peer this rank dealt
+    // with, is named first.
+    let apart = odd_one(&groups).or_else(|| {
+        peer.filter(|&p| groups.len() == 2 && groups.iter().any(|(_, ranks)| ranks == &[p]))
+    });
+    if let Some(rank) = apart {
+        let (odd, rest): (Vec<_>, Vec<_>) = groups.iter().partition(|(_, r)| r == &[rank]);
+        if let ([(odd_len, _)], [(len, others)]) = (odd.as_slice(), rest.as_slice()) {
+            return format!(
+                " with rank {rank}: it passed {} where {} passed {}",
+                unit(*odd_len),
+                rank_list(others),
+                unit(*len)
+            );
+        }
+    }
+    let parts: Vec<String> = groups
+        .iter()
+        .map(|(len, ranks)| format!("{} passed {}", rank_list(ranks), unit(*len)))
+        .collect();
+    format!(": {}", parts.join(", "))
+}
+
+/// The ranks of `reported` grouped by the length they passed, each group's ranks in order,
+/// the largest group first (among equals, the smaller length).
+fn length_groups(reported: &[(u32, u64)]) -> Vec<(u64, Vec<u32>)> {
+    let mut groups: Vec<(u64, Vec<u32>)> = Vec::new();
+    for &(rank, len) in reported {
+        match groups.iter_mut().find(|(l, _)| *l == len) {
+            Some((_, ranks)) => ranks.push(rank),
+            None => groups.push((len, vec![rank])),
+        }
+    }
+    for (_, ranks) in &mut groups {
+        ranks.sort_unstable();
+    }
+    groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
+    groups
+}
+
+/// The one rank whose length differs when every other rank of at least two passed the same.
+fn odd_one(groups: &[(u64, Vec<u32>)]) -> Option<u32> {
+    match groups {
+        [(_, most), (_, odd)] if odd.len() == 1 && most.len() > 1 => Some(odd[0]),
+        _ => None,
+    }
+}
+
+/// `rank 3` or `ranks 0, 1, 3`.
+fn rank_list(ranks: &[u32]) -> String {
+    let list: Vec<String> = ranks.iter().map(u32::to_string).collect();
+    match ranks.len() {
+        1 => format!("rank {}", list[0]),
+        _ => format!("ranks {}", list.join(", ")),
+    }
+}
+
 fn lengths(expected: u64, got: u64, dtype: Option<DType>) -> String {
     match dtype {
         Some(dtype) if expected % dtype.size() as u64 == 0 && got % dtype.size() as u64 == 0 => {
@@ -275,6 +359,13 @@ fn peer_name(peer: Option<u32>) -> String {
 }
 
 impl CollectiveError {
+    /// The rank whose length differs from every other's among `reported` (world rank, bytes
+    /// passed), as [`CollectiveError::LengthMismatch`] names it; `None` when no single rank
+    /// stands apart (two ranks, or several groups).
+    pub fn odd_length(reported: &[(u32, u64)]) -> Option<u32> {
+        odd_one(&length_groups(reported))
+    }
+
     /// Shorthand for [`CollectiveError::InvalidArgument`].
     pub fn invalid(what: impl Into<String>) -> Self {
         Self::InvalidArgument { what: what.into() }
@@ -401,3 +492,53 @@ impl fmt::Display for FatalCause {
 
 /// Shorthand for results of this crate.
 pub type Result<T, E = CollectiveError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mismatch_text(peer: u32, lengths: &[(u32, u64)]) -> String {
+        CollectiveError::LengthMismatch {
+            op: "all_reduce",
+            peer: Some(peer),
+            expected: 16,
+            got: 20,
+            dtype: Some(DType::F32),
+            lengths: lengths.to_vec(),
+        }
+        .to_string()
+    }
+
+    /// The members' lengths name the rank that stands apart, whichever rank reports; two
+    /// ranks name each other; several groups are listed; without them, this rank's view.
+    #[test]
+    fn a_length_mismatch_names_the_rank_whose_length_differs() {
+        let four = [(0, 4000), (1, 4000), (2, 4004), (3, 4000)];
+        for peer in [1, 3] {
+            assert_eq!(
+                mismatch_text(peer, &four),
+                "all_reduce: length mismatch with rank 2: it passed 1001 f32 elements where \
+                 ranks 0, 1, 3 passed 1000 f32 elements"
+            );
+        }
+        assert_eq!(CollectiveError::odd_length(&four), Some(2));
+        let two = [(0, 4000), (1, 4004)];
+        assert_eq!(
+            mismatch_text(0, &two),
+            "all_reduce: length mismatch with rank 0: it passed 1000 f32 elements where rank 1 \
+             passed 1001 f32 elements"
+        );
+        assert_eq!(CollectiveError::odd_length(&two), None);
+        let split = [(0, 4000), (1, 4000), (2, 4004), (3, 4004)];
+        assert_eq!(
+            mismatch_text(1, &split),
+            "all_reduce: length mismatch: ranks 0, 1 passed 1000 f32 elements, ranks 2, 3 \
+             passed 1001 f32 elements"
+        );
+        assert_eq!(
+            mismatch_text(1, &[(0, 16)]),
+            "all_reduce: length mismatch with rank 1: expected 4 f32 elements, got 5 (16 and \
+             20 bytes)"
+        );
+    }
+}

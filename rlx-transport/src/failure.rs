@@ -15,6 +15,9 @@ pub enum Failure {
         expected: u64,
         /// The length the sender found.
         got: u64,
+        /// What the sender itself passed to the operation, in bytes, when it knows: from the
+        /// notices of every member, each can tell whose length differs.
+        own: Option<u64>,
     },
     /// The sender's operation failed for a reason that concerns this operation only (an invalid
     /// argument, an unsupported request, ...).
@@ -30,22 +33,28 @@ pub enum Failure {
 }
 
 /// Encoded size of a [`Failure`] on the wire.
-pub const FAILURE_WIRE_LEN: usize = 17;
+pub const FAILURE_WIRE_LEN: usize = 25;
+
+/// The third field of a length mismatch that says the sender does not know its own length.
+const UNKNOWN_LEN: u64 = u64::MAX;
 
 impl Failure {
-    /// The failure as 17 bytes (kind, then two little-endian `u64`s).
+    /// The failure as 25 bytes (kind, then three little-endian `u64`s).
     pub fn encode(self) -> [u8; FAILURE_WIRE_LEN] {
-        let (kind, a, b) = match self {
-            Failure::LengthMismatch { expected, got } => (1u8, expected, got),
-            Failure::Failed => (2u8, 0, 0),
+        let (kind, a, b, c) = match self {
+            Failure::LengthMismatch { expected, got, own } => {
+                (1u8, expected, got, own.unwrap_or(UNKNOWN_LEN))
+            }
+            Failure::Failed => (2u8, 0, 0, 0),
             Failure::GroupFailed { culprit, cause } => {
-                (3u8, u64::from(culprit), u64::from(cause.code()))
+                (3u8, u64::from(culprit), u64::from(cause.code()), 0)
             }
         };
         let mut out = [0u8; FAILURE_WIRE_LEN];
         out[0] = kind;
         out[1..9].copy_from_slice(&a.to_le_bytes());
         out[9..17].copy_from_slice(&b.to_le_bytes());
+        out[17..25].copy_from_slice(&c.to_le_bytes());
         out
     }
 
@@ -53,20 +62,25 @@ impl Failure {
     pub fn decode(peer: u32, bytes: &[u8]) -> Result<Failure> {
         let bad = || CollectiveError::protocol(Some(peer), "malformed failure notice");
         let bytes: &[u8; FAILURE_WIRE_LEN] = bytes.try_into().map_err(|_| bad())?;
-        let mut a = [0u8; 8];
-        let mut b = [0u8; 8];
-        a.copy_from_slice(&bytes[1..9]);
-        b.copy_from_slice(&bytes[9..17]);
+        let field = |at: usize| {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_le_bytes(word)
+        };
+        let (a, b, c) = (field(1), field(9), field(17));
         match bytes[0] {
             1 => Ok(Failure::LengthMismatch {
-                expected: u64::from_le_bytes(a),
-                got: u64::from_le_bytes(b),
+                expected: a,
+                got: b,
+                own: (c != UNKNOWN_LEN).then_some(c),
             }),
-            // The encoder writes zeros after this kind; anything else is not our notice.
-            2 if a == [0; 8] && b == [0; 8] => Ok(Failure::Failed),
+            // The encoder writes zeros after these kinds' fields; anything else is not our
+            // notice.
+            2 if a == 0 && b == 0 && c == 0 => Ok(Failure::Failed),
+            3 if c != 0 => Err(bad()),
             3 => {
-                let culprit = u32::try_from(u64::from_le_bytes(a)).map_err(|_| bad())?;
-                let cause = u8::try_from(u64::from_le_bytes(b))
+                let culprit = u32::try_from(a).map_err(|_| bad())?;
+                let cause = u8::try_from(b)
                     .ok()
                     .and_then(FatalCause::from_code)
                     .ok_or_else(bad)?;
@@ -80,12 +94,13 @@ impl Failure {
     pub fn into_error(self, peer: u32) -> CollectiveError {
         match self {
             // The receiver's operation names itself (see the collectives' operation context).
-            Failure::LengthMismatch { expected, got } => CollectiveError::LengthMismatch {
+            Failure::LengthMismatch { expected, got, own } => CollectiveError::LengthMismatch {
                 op: "recv",
                 peer: Some(peer),
                 expected,
                 got,
                 dtype: None,
+                lengths: own.map(|own| vec![(peer, own)]).unwrap_or_default(),
             },
             Failure::Failed => CollectiveError::PeerFailed {
                 peer,
@@ -110,6 +125,12 @@ mod tests {
             Failure::LengthMismatch {
                 expected: 7,
                 got: u64::MAX,
+                own: Some(9),
+            },
+            Failure::LengthMismatch {
+                expected: 7,
+                got: 8,
+                own: None,
             },
             Failure::Failed,
             Failure::GroupFailed {

@@ -355,6 +355,7 @@ pub fn seeds() -> Vec<Seed> {
         Failure::LengthMismatch {
             expected: 4000,
             got: 4004,
+            own: Some(16000),
         },
         Failure::Failed,
         Failure::GroupFailed {

@@ -265,9 +265,15 @@ mod tests {
         let f = Failure::LengthMismatch {
             expected: 4,
             got: 8,
+            own: Some(16),
         };
         inbox.deliver(1, a, Delivery::Failure(f)).unwrap();
         let err = inbox.take(1, a, Duration::ZERO).unwrap_err();
+        // What the sender passed travels with its notice.
+        assert!(
+            matches!(&err, CollectiveError::LengthMismatch { lengths, .. } if lengths == &[(1, 16)]),
+            "{err:?}"
+        );
         assert!(matches!(
             err,
             CollectiveError::LengthMismatch {
@@ -276,6 +282,7 @@ mod tests {
                 expected: 4,
                 got: 8,
                 dtype: None,
+                ..
             }
         ));
     }

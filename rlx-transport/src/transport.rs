@@ -117,6 +117,7 @@ pub trait Transport: Send + Sync {
                 expected: capacity,
                 got: message.len() as u64,
                 dtype: None,
+                lengths: Vec::new(),
             })?;
         dst.copy_from_slice(&message);
         Ok(Some(message.len()))

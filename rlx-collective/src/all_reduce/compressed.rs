@@ -138,6 +138,7 @@ impl Header {
                 expected: self.count.saturating_mul(4),
                 got: theirs.count.saturating_mul(4),
                 dtype: Some(crate::DType::F32),
+                lengths: Vec::new(),
             })
         } else {
             None

@@ -75,11 +75,10 @@ impl ProcessGroup {
             Ok(result) => {
                 let result = result
                     .and_then(|value| ctx.last_look().map(|()| value))
-                    .map_err(|error| ctx.explain(error));
+                    .map_err(|error| ctx.fail(error));
                 shared.flight.ended(id.seq, result.as_ref().err());
                 result.inspect_err(|error| {
                     tracing::warn!(%error, "operation failed");
-                    ctx.notify_failure(error);
                     if error.is_fatal() {
                         shared
                             .flight

@@ -356,12 +356,14 @@ fn in_elements(error: CollectiveError, dtype: DType) -> CollectiveError {
             expected,
             got,
             dtype: None,
+            lengths,
         } => CollectiveError::LengthMismatch {
             op,
             peer,
             expected,
             got,
             dtype: Some(dtype),
+            lengths,
         },
         other => other,
     }

@@ -72,6 +72,51 @@ impl Drop for Reaper {
     }
 }
 
+/// Stops `child` with SIGSTOP and returns once it has stopped, or `Err` when it ended
+/// instead.
+///
+/// `kill(2)` returns when the signal is queued, not when the process has stopped: one of its
+/// threads must run to begin the stop, and on a loaded machine the rank's other threads can run
+/// first, so a test that lets the others go on at once could see the rank still take part.
+/// `waitid(2)` reports the stop only once every thread has stopped; `WNOWAIT` leaves the report
+/// (and an exit) for later waits.
+#[cfg(unix)]
+pub(crate) fn freeze(child: &std::process::Child) -> Result<(), ()> {
+    let pid = libc::id_t::from(child.id());
+    // SAFETY: `pid` is a child of this process that nobody has reaped (only `waitid` below
+    // looks at it, with WNOWAIT), so the signal cannot reach another process.
+    let sent = unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) };
+    assert_eq!(sent, 0, "SIGSTOP: {}", std::io::Error::last_os_error());
+    // SAFETY: `siginfo_t` is plain data, for which all zero bytes are a valid value.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: `info` is a valid, writable `siginfo_t`, and `pid` is our own child, not
+        // reaped yet (WNOWAIT never reaps it).
+        let waited = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid,
+                &mut info,
+                libc::WSTOPPED | libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if waited == 0 {
+            break;
+        }
+        let error = std::io::Error::last_os_error();
+        assert_eq!(
+            error.kind(),
+            std::io::ErrorKind::Interrupted,
+            "waitid for process {pid}: {error}"
+        );
+    }
+    if info.si_code == libc::CLD_STOPPED {
+        Ok(())
+    } else {
+        Err(())
+    }
+}
+
 /// The `rank,world,port` a re-executed worker was started with (see [`spawn_worker`]).
 pub(crate) fn worker_spec(spec: &str) -> (u32, u32, u16) {
     let fields: Vec<u32> = spec

@@ -359,6 +359,7 @@ mod tests {
                 expected: 8,
                 got: 9,
                 dtype: None,
+                ..
             })
         ));
     }

@@ -205,6 +205,7 @@ pub trait SymmetricTransport: Transport {
                 expected: buf.len() as u64,
                 got: data.len() as u64,
                 dtype: None,
+                lengths: Vec::new(),
             });
         }
         buf.copy_from_slice(&data);

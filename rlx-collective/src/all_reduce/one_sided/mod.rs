@@ -393,6 +393,7 @@ impl Link<'_> {
                 expected: mine.data_bytes,
                 got: theirs.data_bytes,
                 dtype: None,
+                lengths: Vec::new(),
             });
         }
         if (theirs.dtype, theirs.reduce) != (mine.dtype, mine.reduce) {
