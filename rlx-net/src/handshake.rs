@@ -27,8 +27,9 @@ pub(crate) const MAGIC: [u8; 8] = *b"RLXTCP\r\n";
 /// host offer to be read by each other (frame kind 6) and may send single-copy frames (kind 5).
 /// 5: a single-copy frame's descriptor names a bounce file and the bounced length (112 bytes
 /// instead of 88). 6: an offer names a shared-memory lane (56 bytes instead of 40), and link 0
-/// may switch to it (frame kind 7).
-pub(crate) const PROTOCOL_VERSION: u32 = 6;
+/// may switch to it (frame kind 7). 7: a failure notice is 25 bytes instead of 17 (a length
+/// mismatch says what its sender passed).
+pub(crate) const PROTOCOL_VERSION: u32 = 7;
 /// Encoded size of a [`Hello`].
 pub(crate) const HELLO_LEN: usize = 72;
 /// Encoded size of a [`Reply`] without its reason text.

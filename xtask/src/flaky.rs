@@ -67,11 +67,13 @@ pub(crate) const DEFAULT_TARGETS: &[&str] = &[
     // rlx-collective: processes, faults and the counts of what went on the wire.
     "abort",
     "clean_exit",
+    "collective_errors",
     "compressed_tcp",
     "deadlock",
     "departure",
     "examples",
     "failure_propagation",
+    "frozen_rank",
     "grow",
     "idle_wait",
     "nonblocking",
