@@ -133,78 +133,17 @@ impl LaunchEnv {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
         let standalone = !launched(&get);
-        let rank = first_number(&get, RANK_VARS, "rank")?;
-        let declared_world = first_number(&get, WORLD_SIZE_VARS, "world size")?;
-
-        let hostfile = [env::HOSTFILE, "MLX_HOSTFILE"]
-            .iter()
-            .find_map(|name| get(name).map(|value| (*name, value)));
-        let rendezvous = match hostfile {
-            Some((name, value)) => Rendezvous::Hostfile(read_hostfile(name, &value)?),
-            // A world of one connects to nobody; its one address is never listened on.
-            None if standalone => Rendezvous::Hostfile(vec![vec![STANDALONE_ADDRESS.to_owned()]]),
-            None => store_from(&get)?,
-        };
-
-        let world_size = match (declared_world, &rendezvous) {
-            (Some(n), Rendezvous::Hostfile(entries)) if n as usize != entries.len() => {
-                return Err(CollectiveError::config(format!(
-                    "world size {n} disagrees with the hostfile, which lists {} ranks",
-                    entries.len()
-                )));
-            }
-            (Some(n), _) => n,
-            (None, Rendezvous::Hostfile(entries)) => u32::try_from(entries.len())
-                .map_err(|_| CollectiveError::config("the hostfile lists too many ranks"))?,
-            (None, Rendezvous::Store { .. }) => {
-                return Err(CollectiveError::config(format!(
-                    "no world size: set one of {} (or use {})",
-                    WORLD_SIZE_VARS.join(", "),
-                    env::HOSTFILE
-                )));
-            }
-        };
-        if world_size == 0 {
-            return Err(CollectiveError::config("world size 0"));
-        }
-        let rank = match rank {
-            Some(r) if r < world_size => r,
-            Some(r) => {
-                return Err(CollectiveError::config(format!(
-                    "rank {r} is outside a world of size {world_size}"
-                )));
-            }
-            None if world_size == 1 => 0,
-            None => {
-                return Err(CollectiveError::config(format!(
-                    "no rank: set one of {}",
-                    RANK_VARS.join(", ")
-                )));
-            }
-        };
-
+        let Placement {
+            rank,
+            world_size,
+            rendezvous,
+        } = Placement::read(&get, standalone)?;
         let ifname = get(env::SOCKET_IFNAME)
             .map(|spec| IfnameFilter::parse(&spec))
             .transpose()?;
         let op_timeout = op_timeout_from(&get)?;
-        let sockets_per_peer = match parse_var::<u32>(&get, env::SOCKETS_PER_PEER)? {
-            Some(0) => {
-                return Err(CollectiveError::config(format!(
-                    "{} must be at least 1",
-                    env::SOCKETS_PER_PEER
-                )));
-            }
-            other => other,
-        };
-        let max_frame_bytes = match parse_var::<u64>(&get, env::MAX_FRAME_BYTES)? {
-            Some(0) => {
-                return Err(CollectiveError::config(format!(
-                    "{} must be positive",
-                    env::MAX_FRAME_BYTES
-                )));
-            }
-            other => other,
-        };
+        let sockets_per_peer = positive_var::<u32>(&get, env::SOCKETS_PER_PEER, "at least 1")?;
+        let max_frame_bytes = positive_var::<u64>(&get, env::MAX_FRAME_BYTES, "positive")?;
         let job_secret = lookup(env::JOB_SECRET)
             .filter(|s| !s.is_empty())
             .map(String::into_bytes);
@@ -221,6 +160,94 @@ impl LaunchEnv {
             max_frame_bytes,
             standalone,
         })
+    }
+}
+
+/// Where this process stands in its job: its rank, the world size and how the ranks meet.
+struct Placement {
+    rank: u32,
+    world_size: u32,
+    rendezvous: Rendezvous,
+}
+
+impl Placement {
+    /// Reads the rank, world size and rendezvous variables through `get`; a `standalone`
+    /// process (nothing set) is rank 0 of a world of one.
+    fn read(get: &impl Fn(&str) -> Option<String>, standalone: bool) -> Result<Self> {
+        let rank = first_number(get, RANK_VARS, "rank")?;
+        let declared_world = first_number(get, WORLD_SIZE_VARS, "world size")?;
+        let hostfile = [env::HOSTFILE, "MLX_HOSTFILE"]
+            .iter()
+            .find_map(|name| get(name).map(|value| (*name, value)));
+        let rendezvous = match hostfile {
+            Some((name, value)) => Rendezvous::Hostfile(read_hostfile(name, &value)?),
+            // A world of one connects to nobody; its one address is never listened on.
+            None if standalone => Rendezvous::Hostfile(vec![vec![STANDALONE_ADDRESS.to_owned()]]),
+            None => store_from(get)?,
+        };
+        let world_size = world_size_of(declared_world, &rendezvous)?;
+        let rank = match rank {
+            Some(r) if r < world_size => r,
+            Some(r) => {
+                return Err(CollectiveError::config(format!(
+                    "rank {r} is outside a world of size {world_size}"
+                )));
+            }
+            None if world_size == 1 => 0,
+            None => {
+                return Err(CollectiveError::config(format!(
+                    "no rank: set one of {}",
+                    RANK_VARS.join(", ")
+                )));
+            }
+        };
+        Ok(Self {
+            rank,
+            world_size,
+            rendezvous,
+        })
+    }
+}
+
+/// The world size: the one `declared`, which a hostfile must agree with, or else the
+/// hostfile's number of ranks.
+fn world_size_of(declared: Option<u32>, rendezvous: &Rendezvous) -> Result<u32> {
+    let world_size = match (declared, rendezvous) {
+        (Some(n), Rendezvous::Hostfile(entries)) if n as usize != entries.len() => {
+            return Err(CollectiveError::config(format!(
+                "world size {n} disagrees with the hostfile, which lists {} ranks",
+                entries.len()
+            )));
+        }
+        (Some(n), _) => n,
+        (None, Rendezvous::Hostfile(entries)) => u32::try_from(entries.len())
+            .map_err(|_| CollectiveError::config("the hostfile lists too many ranks"))?,
+        (None, Rendezvous::Store { .. }) => {
+            return Err(CollectiveError::config(format!(
+                "no world size: set one of {} (or use {})",
+                WORLD_SIZE_VARS.join(", "),
+                env::HOSTFILE
+            )));
+        }
+    };
+    if world_size == 0 {
+        return Err(CollectiveError::config("world size 0"));
+    }
+    Ok(world_size)
+}
+
+/// Variable `name` read through `get` as a number, which must not be zero (`what` says what
+/// it must be instead, in the error).
+fn positive_var<T: std::str::FromStr + PartialEq + Default>(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &str,
+    what: &str,
+) -> Result<Option<T>> {
+    match parse_var::<T>(get, name)? {
+        Some(value) if value == T::default() => {
+            Err(CollectiveError::config(format!("{name} must be {what}")))
+        }
+        other => Ok(other),
     }
 }
 
