@@ -173,33 +173,8 @@ pub(crate) fn run(
     let Prepared { ops, scratch } = prepared;
     let n = ctx.size() as usize;
     let r = ctx.rank as usize;
-    let esize = dtype.size();
-    let wsize = kernels::wide_size(dtype)?;
-    let blocks = Blocks::Balanced {
-        count: data.len() / esize,
-        parts: n,
-    };
-    let payload = scratch.payload_bytes();
-    let rs_segments = layout::segment_count(
-        blocks.max_len(),
-        (segment_bytes / esize).min(payload / wsize),
-    );
-    let ag_segments = layout::segment_count(
-        blocks.max_len(),
-        (segment_bytes / esize).min(payload / esize),
-    );
-    let messages = (n as u64 - 1) * (rs_segments + ag_segments) as u64;
-    if messages >= 1 << 32 {
-        return Err(CollectiveError::invalid(format!(
-            "a one-sided all-reduce of {} bytes would take {messages} messages per link, more \
-             than its signal words count (enable a larger region)",
-            data.len()
-        )));
-    }
-    let stage_payload = (blocks.max_len().div_ceil(rs_segments) * wsize)
-        .max(blocks.max_len().div_ceil(ag_segments) * esize);
-    let mut stage = vec![0u8; HEADER_BYTES + stage_payload];
-
+    let plan = Plan::new(n, data.len(), dtype, segment_bytes, scratch.payload_bytes())?;
+    let mut stage = vec![0u8; HEADER_BYTES + plan.stage_payload];
     let link = Link {
         ctx,
         ops,
@@ -216,47 +191,8 @@ pub(crate) fn run(
         },
     };
     link.grant()?;
-
-    let mut index = 0u64;
-    // Reduce-scatter: the index arithmetic of `reduce_scatter::ring`.
-    for segment in 0..rs_segments {
-        for step in 0..n - 1 {
-            let (send_block, recv_block) = layout::reduce_scatter_step(r, n, step);
-            let send_range = blocks.segment(send_block, rs_segments, segment);
-            let send_len = send_range.len() * wsize;
-            if step == 0 {
-                let own = &data[layout::bytes(send_range, esize)];
-                kernels::widen(dtype, own, &mut stage[HEADER_BYTES..][..send_len])?;
-            }
-            link.send(index, &mut stage, send_len)?;
-
-            let recv_range = blocks.segment(recv_block, rs_segments, segment);
-            let recv_len = recv_range.len() * wsize;
-            let partial = &mut stage[HEADER_BYTES..][..recv_len];
-            link.receive(index, messages, partial)?;
-            let own = &mut data[layout::bytes(recv_range, esize)];
-            kernels::accumulate_narrow(dtype, reduce, partial, own)?;
-            if step == n - 2 {
-                kernels::finish(dtype, reduce, n as u32, partial, own)?;
-            }
-            // Otherwise the stage now holds the partial to forward at the next step.
-            index += 1;
-        }
-    }
-    // All-gather of the narrow results: the index arithmetic of `all_gather::ring`.
-    for segment in 0..ag_segments {
-        for step in 0..n - 1 {
-            let (send_block, recv_block) = layout::all_gather_step(r, n, step);
-            let send = layout::bytes(blocks.segment(send_block, ag_segments, segment), esize);
-            let send_len = send.len();
-            stage[HEADER_BYTES..][..send_len].copy_from_slice(&data[send]);
-            link.send(index, &mut stage, send_len)?;
-
-            let recv = layout::bytes(blocks.segment(recv_block, ag_segments, segment), esize);
-            link.receive(index, messages, &mut data[recv])?;
-            index += 1;
-        }
-    }
+    plan.reduce_scatter(&link, &mut stage, data, reduce)?;
+    plan.all_gather(&link, &mut stage, data)?;
     // The next rank's grant for this operation is the one put this rank does not otherwise
     // wait for (its first sends wait for the previous operation's grant). It normally landed
     // long ago; waiting for it means that no put of a slower neighbour targets this rank after
@@ -264,6 +200,131 @@ pub(crate) fn run(
     link.wait_word(link.scratch.credit_word(), link.base, link.next)?;
     // Surfaces any refused put before the operation reports success.
     ops.quiet()
+}
+
+/// How one rank's one-sided all-reduce is cut: its blocks, the segments of each phase (each
+/// must fit the scratch region's payload, widened for the reduce-scatter) and the messages
+/// per link.
+struct Plan {
+    n: usize,
+    dtype: DType,
+    esize: usize,
+    wsize: usize,
+    blocks: Blocks,
+    rs_segments: usize,
+    ag_segments: usize,
+    /// Messages per link over both phases: each is one signal value.
+    messages: u64,
+    /// The largest payload a stage holds.
+    stage_payload: usize,
+}
+
+impl Plan {
+    /// The plan of `len` bytes of `dtype` over `n` ranks, in segments of at most
+    /// `segment_bytes` and at most `payload` bytes of the scratch region.
+    fn new(
+        n: usize,
+        len: usize,
+        dtype: DType,
+        segment_bytes: usize,
+        payload: usize,
+    ) -> Result<Self> {
+        let esize = dtype.size();
+        let wsize = kernels::wide_size(dtype)?;
+        let blocks = Blocks::Balanced {
+            count: len / esize,
+            parts: n,
+        };
+        let rs_segments = layout::segment_count(
+            blocks.max_len(),
+            (segment_bytes / esize).min(payload / wsize),
+        );
+        let ag_segments = layout::segment_count(
+            blocks.max_len(),
+            (segment_bytes / esize).min(payload / esize),
+        );
+        let messages = (n as u64 - 1) * (rs_segments + ag_segments) as u64;
+        if messages >= 1 << 32 {
+            return Err(CollectiveError::invalid(format!(
+                "a one-sided all-reduce of {len} bytes would take {messages} messages per link, \
+                 more than its signal words count (enable a larger region)"
+            )));
+        }
+        let stage_payload = (blocks.max_len().div_ceil(rs_segments) * wsize)
+            .max(blocks.max_len().div_ceil(ag_segments) * esize);
+        Ok(Self {
+            n,
+            dtype,
+            esize,
+            wsize,
+            blocks,
+            rs_segments,
+            ag_segments,
+            messages,
+            stage_payload,
+        })
+    }
+
+    /// The reduce-scatter, with the index arithmetic of `reduce_scatter::ring`: messages 0 to
+    /// `(n - 1) * rs_segments - 1`.
+    fn reduce_scatter(
+        &self,
+        link: &Link<'_>,
+        stage: &mut [u8],
+        data: &mut [u8],
+        reduce: ReduceKind,
+    ) -> Result<()> {
+        let (n, r, dtype) = (self.n, link.ctx.rank as usize, self.dtype);
+        let mut index = 0u64;
+        for segment in 0..self.rs_segments {
+            for step in 0..n - 1 {
+                let (send_block, recv_block) = layout::reduce_scatter_step(r, n, step);
+                let send_range = self.blocks.segment(send_block, self.rs_segments, segment);
+                let send_len = send_range.len() * self.wsize;
+                if step == 0 {
+                    let own = &data[layout::bytes(send_range, self.esize)];
+                    kernels::widen(dtype, own, &mut stage[HEADER_BYTES..][..send_len])?;
+                }
+                link.send(index, stage, send_len)?;
+
+                let recv_range = self.blocks.segment(recv_block, self.rs_segments, segment);
+                let recv_len = recv_range.len() * self.wsize;
+                let partial = &mut stage[HEADER_BYTES..][..recv_len];
+                link.receive(index, self.messages, partial)?;
+                let own = &mut data[layout::bytes(recv_range, self.esize)];
+                kernels::accumulate_narrow(dtype, reduce, partial, own)?;
+                if step == n - 2 {
+                    kernels::finish(dtype, reduce, n as u32, partial, own)?;
+                }
+                // Otherwise the stage now holds the partial to forward at the next step.
+                index += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The all-gather of the narrow results, with the index arithmetic of `all_gather::ring`:
+    /// the messages after the reduce-scatter's.
+    fn all_gather(&self, link: &Link<'_>, stage: &mut [u8], data: &mut [u8]) -> Result<()> {
+        let (n, r) = (self.n, link.ctx.rank as usize);
+        let mut index = ((n - 1) * self.rs_segments) as u64;
+        for segment in 0..self.ag_segments {
+            for step in 0..n - 1 {
+                let (send_block, recv_block) = layout::all_gather_step(r, n, step);
+                let send_range = self.blocks.segment(send_block, self.ag_segments, segment);
+                let send = layout::bytes(send_range, self.esize);
+                let send_len = send.len();
+                stage[HEADER_BYTES..][..send_len].copy_from_slice(&data[send]);
+                link.send(index, stage, send_len)?;
+
+                let recv_range = self.blocks.segment(recv_block, self.ag_segments, segment);
+                let recv = layout::bytes(recv_range, self.esize);
+                link.receive(index, self.messages, &mut data[recv])?;
+                index += 1;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The fixed-size header in front of every payload.
