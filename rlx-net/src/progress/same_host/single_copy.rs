@@ -426,6 +426,13 @@ impl Engine {
         what: &str,
         e: std::io::Error,
     ) -> Lost {
+        // A process that is gone is the usual cause, and the plainest thing to say.
+        if e.raw_os_error() == Some(libc::ESRCH) {
+            return Lost::Gone(format!(
+                "its process {pid} (at {}) has ended",
+                self.peer_label(from)
+            ));
+        }
         Lost::Gone(format!(
             "{what} of process {pid} (rank {from} at {}) failed: {e}",
             self.peer_label(from)
