@@ -1,10 +1,12 @@
-//! A rank that leaves cleanly (drops its group, so its transport closes) instead of crashing:
-//! the survivors run collectives until one fails, shrink, and the new group holds exactly the
-//! survivors and runs every collective kind and a point-to-point ring exactly, inheriting
-//! nothing of the old group's failure. Seeded trials over worlds of 2 to 8 ranks, the leaving
-//! rank and the moment drawn at random: after some collectives, or between operations while
-//! the others are idle. Over `MemTransport` and over `TcpTransport` on loopback (threads).
-//! Crashes and SIGSTOP are in `shrink.rs` and `shrink_processes.rs`.
+//! A rank that leaves, cleanly (drops its group, so its transport closes) or by crashing (its
+//! transport aborts, as a process killed mid-operation does): the survivors run collectives
+//! until one fails, shrink, and the new group holds exactly the survivors and runs every
+//! collective kind and a point-to-point ring exactly, inheriting nothing of the old group's
+//! failure. Seeded trials over worlds of 2 to 8 ranks, the leaving rank, the way it leaves
+//! and the moment drawn at random: after some collectives, a few hundred microseconds into
+//! one (a crash), or between operations while the others are idle. Over `MemTransport` and
+//! over `TcpTransport` on loopback (threads). SIGSTOPped processes are in
+//! `shrink_processes.rs` and `frozen_rank.rs`.
 //!
 //! `DEPARTURE_TRIALS=1000 cargo test -p rlx-collective --test departure` runs the long form
 //! (60 trials by default).
@@ -12,6 +14,7 @@
 mod common;
 
 use std::sync::{Arc, Barrier};
+use std::thread;
 use std::time::Duration;
 
 use common::checked::{OPS, Rng, plan, run_checked};
@@ -30,6 +33,11 @@ struct Draw {
     before: usize,
     /// Whether the survivors wait, idle, until the leaver is gone.
     idle: bool,
+    /// Whether the leaver crashes (its transport aborts, as a process killed mid-operation
+    /// does) instead of dropping its group.
+    crash: bool,
+    /// How far into its next collective a crashing leaver goes (unless idle).
+    crash_after: Duration,
     tcp: bool,
 }
 
@@ -43,6 +51,8 @@ impl Draw {
             leaver: rng.below(u64::from(world)) as u32,
             before: rng.below(4) as usize,
             idle: rng.below(3) == 0,
+            crash: rng.below(2) == 0,
+            crash_after: Duration::from_micros(rng.below(400)),
             tcp: seed % 2 == 1,
         }
     }
@@ -117,15 +127,7 @@ fn trial(draw: Draw) {
         if group.rank() != draw.leaver {
             return Some(survive(&group, draw, &gone));
         }
-        let steps = plan(draw.seed, draw.before);
-        for (step, &(op, len)) in steps.iter().enumerate() {
-            // The others may already fail the last of these (a survivor that moved on reports
-            // the loss); the leaver leaves either way.
-            if run_checked(&group, op, step as u64, len).is_err() {
-                break;
-            }
-        }
-        drop(group);
+        leave(group, draw);
         if draw.idle {
             gone.wait();
         }
@@ -139,6 +141,38 @@ fn trial(draw: Draw) {
     }
 }
 
+/// The leaver's part: its first `before` collectives, then it leaves. A clean leaver drops its
+/// group; a crashing one aborts its transport, between operations when the trial is idle,
+/// else from a second thread `crash_after` into the collective that follows (its own steps
+/// then fail, and it stops).
+fn leave(group: ProcessGroup, draw: Draw) {
+    let crash_mid_operation = draw.crash && !draw.idle;
+    // A crash during collective `before` stops there: if the abort comes only after it
+    // finished, the survivors' next collective still misses this rank.
+    let steps = plan(draw.seed, draw.before + usize::from(crash_mid_operation));
+    let mut killer = None;
+    for (step, &(op, len)) in steps.iter().enumerate() {
+        if crash_mid_operation && step == draw.before {
+            let transport = Arc::clone(group.transport());
+            killer = Some(thread::spawn(move || {
+                thread::sleep(draw.crash_after);
+                transport.abort();
+            }));
+        }
+        // The others may already fail the last of these (a survivor that moved on reports
+        // the loss); the leaver leaves either way.
+        if run_checked(&group, op, step as u64, len).is_err() {
+            break;
+        }
+    }
+    if let Some(killer) = killer {
+        killer.join().expect("the crash");
+    } else if draw.crash {
+        group.transport().abort();
+    }
+    drop(group);
+}
+
 /// How many trials run: `DEPARTURE_TRIALS`, else 60 (about 10 s on two cores).
 fn trials() -> u64 {
     std::env::var("DEPARTURE_TRIALS")
@@ -148,7 +182,7 @@ fn trials() -> u64 {
 }
 
 #[test]
-fn a_rank_that_leaves_cleanly_is_left_out_and_nothing_of_the_old_group_remains() {
+fn a_rank_that_leaves_or_crashes_is_left_out_and_nothing_of_the_old_group_remains() {
     for seed in 0..trials() {
         trial(Draw::new(seed));
     }
