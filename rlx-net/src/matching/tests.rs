@@ -40,6 +40,32 @@ fn ready(st: &mut State, from: u32, t: Tag) -> Vec<u8> {
     }
 }
 
+/// A message a receive took and gave back is the next one of its tag again, before the
+/// later ones, and a message still arriving behind it (whose sequence number the put-back
+/// entry takes, at the head of the queue) still completes as itself.
+#[test]
+fn a_message_put_back_comes_first_for_its_tag() {
+    let mut st = State::new(2, 1, 1 << 20, u64::MAX);
+    land(&mut st, 1, 0, tag(1), b"a1");
+    let h = header(1, tag(2), 4, 0, 4);
+    assert!(matches!(
+        st.on_first_frame(1, &h, None).unwrap(),
+        Landing::Owned(_)
+    ));
+    st.on_bytes(1, 1, 2).unwrap();
+    let taken = ready(&mut st, 1, tag(1));
+    assert_eq!(taken, b"a1");
+    st.put_back(1, tag(1), Outcome::Owned(taken), None);
+    land(&mut st, 1, 2, tag(1), b"a2");
+    st.on_bytes(1, 1, 2).unwrap();
+    assert_eq!(ready(&mut st, 1, tag(1)), b"a1");
+    assert_eq!(ready(&mut st, 1, tag(1)), b"a2");
+    assert_eq!(ready(&mut st, 1, tag(2)).len(), 4);
+    // A landed message is put back from the receive's own buffer.
+    st.put_back(1, tag(3), Outcome::Landed(2), Some(b"xyz"));
+    assert_eq!(ready(&mut st, 1, tag(3)), b"xy");
+}
+
 #[test]
 fn unexpected_messages_queue_in_order_per_tag() {
     let mut st = State::new(2, 1, 1 << 20, u64::MAX);
