@@ -2,7 +2,7 @@
 //! sockets.
 
 use super::*;
-use crate::frame::FrameKind;
+use crate::frame::{FrameHeader, FrameKind};
 
 fn tag(n: u32) -> Tag {
     Tag::user(n).unwrap()
