@@ -140,49 +140,59 @@ impl FrameHeader {
                 header.offset, header.len, header.total
             )));
         }
-        match kind {
+        if let Some(detail) = header.payload_error() {
+            return Err(bad(detail));
+        }
+        Ok(header)
+    }
+
+    /// What is wrong with the payload length a header of its kind announces, if anything:
+    /// control frames carry fixed bodies or none, and a single-copy frame covers its whole
+    /// message.
+    fn payload_error(&self) -> Option<String> {
+        match self.kind {
             FrameKind::Data => {}
             FrameKind::Failure => {
-                if header.total != FAILURE_WIRE_LEN as u64 || header.len != header.total {
-                    return Err(bad(format!(
+                if self.total != FAILURE_WIRE_LEN as u64 || self.len != self.total {
+                    return Some(format!(
                         "failure notice of {} bytes (expected {FAILURE_WIRE_LEN})",
-                        header.total
-                    )));
+                        self.total
+                    ));
                 }
             }
             FrameKind::Close => {
-                if header.total != 0 {
-                    return Err(bad("close frame with a payload".to_owned()));
+                if self.total != 0 {
+                    return Some("close frame with a payload".to_owned());
                 }
             }
             FrameKind::Beat => {
-                if header.total != 0 {
-                    return Err(bad("heartbeat frame with a payload".to_owned()));
+                if self.total != 0 {
+                    return Some("heartbeat frame with a payload".to_owned());
                 }
             }
             FrameKind::Lane => {
-                if header.total != 0 {
-                    return Err(bad("lane switch frame with a payload".to_owned()));
+                if self.total != 0 {
+                    return Some("lane switch frame with a payload".to_owned());
                 }
             }
             FrameKind::Offer => {
-                if header.total != OFFER_LEN as u64 || header.len != header.total {
-                    return Err(bad(format!(
+                if self.total != OFFER_LEN as u64 || self.len != self.total {
+                    return Some(format!(
                         "single-copy offer of {} bytes (expected {OFFER_LEN})",
-                        header.total
-                    )));
+                        self.total
+                    ));
                 }
             }
             FrameKind::SingleCopy => {
-                if header.total == 0 || header.offset != 0 || header.len != header.total {
-                    return Err(bad(format!(
+                if self.total == 0 || self.offset != 0 || self.len != self.total {
+                    return Some(format!(
                         "single-copy frame covering {}+{} of a message of {} bytes (it must cover a whole, non-empty one)",
-                        header.offset, header.len, header.total
-                    )));
+                        self.offset, self.len, self.total
+                    ));
                 }
             }
         }
-        Ok(header)
+        None
     }
 }
 

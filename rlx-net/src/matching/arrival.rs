@@ -2,13 +2,13 @@
 //! its place in the queue, or waits), later frames and stripes follow it, and the last bytes
 //! complete it.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rlx_transport::CollectiveError;
 
 use super::{
-    Arriving, Body, Dest, Landing, OWNER_READS_MIN, Outcome, PostId, PostState, Queued, State,
-    Target,
+    Arriving, Body, Dest, Landing, OWNER_READS_MIN, Outcome, PeerState, PostId, PostState, Posted,
+    Queued, State, Target,
 };
 use crate::frame::{FrameHeader, FrameKind, Striping};
 
@@ -24,88 +24,23 @@ impl State {
         reader: Option<PostId>,
     ) -> Result<Landing, CollectiveError> {
         let (seq, tag, total) = (header.seq, header.tag, header.total);
-        let budget = self.budget;
-        // A pulled message is read whole by one thread, whatever the number of links.
-        let stripes = match header.kind {
-            FrameKind::SingleCopy => Striping::new(total, 1, u64::MAX),
-            _ => Striping::new(total, self.links, self.min_striped),
-        };
-        if stripes.range(0) != (header.offset, header.len) {
-            return Err(CollectiveError::protocol(
-                Some(from),
-                format!(
-                    "first frame of message {seq} covers {}+{} bytes, not the first stripe of {total}",
-                    header.offset, header.len
-                ),
-            ));
-        }
-        let longest_hold = self.longest_hold;
+        let stripes = self.first_stripe(from, header)?;
+        let (budget, longest_hold) = (self.budget, self.longest_hold);
         let peer = self.peer(from);
-        if seq != peer.next_seq {
-            return Err(CollectiveError::protocol(
-                Some(from),
-                format!("message number {seq} where {} was due", peer.next_seq),
-            ));
-        }
         let post = peer
             .posted
             .iter_mut()
             .find(|p| p.tag == tag && matches!(p.state, PostState::Waiting));
         let held = peer.held_pull.take();
-        let (dest, target, capacity, landing) = match post {
-            Some(post) => {
-                let fits = post.capacity.is_none_or(|c| total <= c as u64);
-                if fits
-                    && post.capacity.is_some()
-                    && reader != Some(post.id)
-                    && total >= OWNER_READS_MIN
-                {
-                    // The receive's own thread lands it in its buffer: it is posted, so it
-                    // reads this link as soon as it gets it. Landing it here would cost an
-                    // allocation and a copy of the whole message.
-                    return Ok(Landing::Park);
-                }
-                post.state = PostState::Filling;
-                let capacity = post.capacity.unwrap_or(0);
-                let target = Target::Post(post.id);
-                if !fits {
-                    (Dest::Discard, target, capacity, Landing::Discard)
-                } else if reader == Some(post.id) && post.capacity.is_some() {
-                    (Dest::Caller, target, capacity, Landing::Caller)
-                } else {
-                    (
-                        Dest::Owned(vec![0u8; total as usize]),
-                        target,
-                        capacity,
-                        Landing::Discard,
-                    )
-                }
-            }
+        let placed = match post {
+            Some(post) => for_post(post, total, reader),
             None => {
                 peer.held_pull = held;
-                if header.kind == FrameKind::SingleCopy
-                    && peer.holds_pull(seq, total, Instant::now(), longest_hold)
-                {
-                    return Ok(Landing::Park);
-                }
-                peer.held_pull = None;
-                if !peer.admits(total, budget) {
-                    return Ok(Landing::Park);
-                }
-                peer.unexpected_bytes += total;
-                peer.insert_queued(Queued {
-                    seq,
-                    tag,
-                    body: Body::Arriving,
-                    weight: total,
-                });
-                (
-                    Dest::Owned(vec![0u8; total as usize]),
-                    Target::Unexpected,
-                    0,
-                    Landing::Discard,
-                )
+                unexpected(peer, header, budget, longest_hold)
             }
+        };
+        let Some((dest, target, capacity, landing)) = placed else {
+            return Ok(Landing::Park);
         };
         peer.next_seq += 1;
         peer.arriving.push(Arriving {
@@ -127,6 +62,38 @@ impl State {
             self.on_bytes(from, seq, 0)?;
         }
         Ok(landing)
+    }
+
+    /// The stripes of the message whose first frame `header` is, once the frame is checked to
+    /// cover the first stripe and to carry the message number due from `from`.
+    fn first_stripe(
+        &mut self,
+        from: u32,
+        header: &FrameHeader,
+    ) -> Result<Striping, CollectiveError> {
+        let (seq, total) = (header.seq, header.total);
+        // A pulled message is read whole by one thread, whatever the number of links.
+        let stripes = match header.kind {
+            FrameKind::SingleCopy => Striping::new(total, 1, u64::MAX),
+            _ => Striping::new(total, self.links, self.min_striped),
+        };
+        if stripes.range(0) != (header.offset, header.len) {
+            return Err(CollectiveError::protocol(
+                Some(from),
+                format!(
+                    "first frame of message {seq} covers {}+{} bytes, not the first stripe of {total}",
+                    header.offset, header.len
+                ),
+            ));
+        }
+        let due = self.peer(from).next_seq;
+        if seq != due {
+            return Err(CollectiveError::protocol(
+                Some(from),
+                format!("message number {seq} where {due} was due"),
+            ));
+        }
+        Ok(stripes)
     }
 
     /// A later stripe (offset > 0) of message `seq` was decoded on some link. `reader` is the
@@ -229,4 +196,69 @@ impl State {
         }
         Ok(true)
     }
+}
+
+/// Where a new message goes, as [`State::on_first_frame`] records it: its destination, the
+/// receive or queue it is for, the receive's capacity and where the reader lands the payload.
+type Placed = (Dest, Target, usize, Landing);
+
+/// Where a message of `total` bytes for the waiting receive `post` goes; `None` leaves it
+/// for the receive's own thread (`reader` is the reading thread's receive).
+fn for_post(post: &mut Posted, total: u64, reader: Option<PostId>) -> Option<Placed> {
+    let fits = post.capacity.is_none_or(|c| total <= c as u64);
+    if fits && post.capacity.is_some() && reader != Some(post.id) && total >= OWNER_READS_MIN {
+        // The receive's own thread lands it in its buffer: it is posted, so it reads this
+        // link as soon as it gets it. Landing it here would cost an allocation and a copy of
+        // the whole message.
+        return None;
+    }
+    post.state = PostState::Filling;
+    let capacity = post.capacity.unwrap_or(0);
+    let target = Target::Post(post.id);
+    Some(if !fits {
+        (Dest::Discard, target, capacity, Landing::Discard)
+    } else if reader == Some(post.id) && post.capacity.is_some() {
+        (Dest::Caller, target, capacity, Landing::Caller)
+    } else {
+        (
+            Dest::Owned(vec![0u8; total as usize]),
+            target,
+            capacity,
+            Landing::Discard,
+        )
+    })
+}
+
+/// Where a message nobody waits for goes: queued in an owned buffer within `peer`'s
+/// unexpected budget of `budget` bytes; `None` parks it (the budget is used up, or a pulled
+/// message waits up to `longest_hold` in its sender's memory for its receive).
+fn unexpected(
+    peer: &mut PeerState,
+    header: &FrameHeader,
+    budget: u64,
+    longest_hold: Duration,
+) -> Option<Placed> {
+    let (seq, tag, total) = (header.seq, header.tag, header.total);
+    if header.kind == FrameKind::SingleCopy
+        && peer.holds_pull(seq, total, Instant::now(), longest_hold)
+    {
+        return None;
+    }
+    peer.held_pull = None;
+    if !peer.admits(total, budget) {
+        return None;
+    }
+    peer.unexpected_bytes += total;
+    peer.insert_queued(Queued {
+        seq,
+        tag,
+        body: Body::Arriving,
+        weight: total,
+    });
+    Some((
+        Dest::Owned(vec![0u8; total as usize]),
+        Target::Unexpected,
+        0,
+        Landing::Discard,
+    ))
 }
