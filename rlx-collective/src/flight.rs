@@ -222,13 +222,13 @@ impl FlightRecorder {
     /// How many bytes operation `seq` moves per rank, once it started and while the ring
     /// holds it.
     pub(crate) fn data_bytes(&self, seq: u32) -> Option<u64> {
-        let size = self.dtype(seq)?.size() as u64;
         let slots = self.slots.lock();
         let entry = slots[seq as usize % slots.len()].as_ref()?;
-        entry
-            .elements
-            .filter(|_| entry.seq == seq)?
-            .checked_mul(size)
+        if entry.seq != seq {
+            return None;
+        }
+        let size = entry.dtype?.parse::<DType>().ok()?.size() as u64;
+        entry.elements?.checked_mul(size)
     }
 
     /// Operation `seq` runs on `algorithm`.

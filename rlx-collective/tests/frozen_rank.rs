@@ -103,19 +103,17 @@ fn stderr_of(child: &mut Child) -> String {
 /// Whether `error`, a survivor's, names `frozen` as the lost rank, and only it, without
 /// calling it a process that closed its connection.
 fn names_only(error: &str, frozen: u32) -> bool {
-    let named: Vec<&str> =
-        error
-            .match_indices("peer rank ")
-            .map(|(at, _)| at)
-            .fold(Vec::new(), |mut ranks, at| {
-                let rest = &error[at + "peer rank ".len()..];
-                let end = rest
-                    .find(|c: char| !c.is_ascii_digit())
-                    .unwrap_or(rest.len());
-                ranks.push(&rest[..end]);
-                ranks
-            });
     let frozen = frozen.to_string();
+    let named: Vec<&str> = error
+        .split("peer rank ")
+        .skip(1)
+        .map(|rest| {
+            let end = rest
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len());
+            &rest[..end]
+        })
+        .collect();
     !named.is_empty() && named.iter().all(|r| *r == frozen) && !error.contains("closed")
 }
 
