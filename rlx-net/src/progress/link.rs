@@ -1,7 +1,7 @@
 //! The sockets this rank holds for its peers ([`PeerIo`], [`Link`]) and each link's receive
 //! state (staging buffer, frame being read), shared by the receive, send and watcher paths.
 
-use std::io::{self, IoSlice};
+use std::io;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::OnceLock;
@@ -14,9 +14,8 @@ use crate::frame::{FrameHeader, HEADER_LEN};
 use crate::matching::PostId;
 use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering, lock};
 
-use super::same_host::BounceFile;
-use super::same_host::{LaneIn, LaneOut};
-use super::socket::{poll, pollfd, read_some, send_vectored, with_frame_slices};
+use super::medium::{Inbound, Outbound};
+use super::socket::{poll, pollfd, with_frame_slices};
 
 /// How a frame of a header alone, written whole by [`Link::write_header_whole`], ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -85,8 +84,6 @@ pub(super) struct LinkRx {
     pub(super) end: usize,
     pub(super) header: Option<FrameHeader>,
     pub(super) payload: Option<Payload>,
-    /// The peer's lane, mapped when its offer was taken, until its switch frame arrives.
-    pub(super) lane_offered: Option<LaneIn>,
 }
 
 impl LinkRx {
@@ -97,7 +94,6 @@ impl LinkRx {
             end: 0,
             header: None,
             payload: None,
-            lane_offered: None,
         }
     }
 
@@ -120,18 +116,18 @@ impl LinkRx {
     }
 }
 
-/// One TCP connection to a peer.
+/// One TCP connection to a peer, and the media its bytes travel by (`medium.rs`).
 #[derive(Debug)]
 pub(crate) struct Link {
     pub(super) stream: TcpStream,
     pub(super) rx: Mutex<LinkRx>,
     /// Bytes arrived since the heartbeat monitor last looked (any byte proves the peer alive).
     heard: AtomicBool,
-    /// The shared-memory lane this link's bytes arrive through since the peer switched to it
-    /// (`lane.rs`); link 0 only. Set once, by the holder of the reader role, and read by every
-    /// thread that polls the link. A `std` cell even under loom: its contents live in memory
-    /// the peer process writes.
-    lane: OnceLock<LaneIn>,
+    /// The medium this link reads from since the peer switched it off the socket (link 0 to a
+    /// shared-memory lane). Set once, by the holder of the reader role, and read by every
+    /// thread that polls the link. A `std` cell even under loom: a medium's contents may live
+    /// in memory the peer process writes.
+    switched_in: OnceLock<Box<dyn Inbound>>,
 }
 
 impl Link {
@@ -140,43 +136,27 @@ impl Link {
             stream,
             rx: Mutex::new(LinkRx::new()),
             heard: AtomicBool::new(false),
-            lane: OnceLock::new(),
+            switched_in: OnceLock::new(),
+        }
+    }
+
+    /// The medium the link reads from: the socket, or what the peer switched it to.
+    fn inbound(&self) -> &dyn Inbound {
+        match self.switched_in.get() {
+            Some(medium) => medium.as_ref(),
+            None => &self.stream,
         }
     }
 
     /// Reads what the link has into `buf`, noting for the heartbeat monitor that the peer was
     /// heard from. Every read of an established link goes through here.
-    ///
-    /// On a lane the bytes come from the ring; once it is empty the socket is read too, for
-    /// its wake-ups and heartbeats (dropped: they only prove the peer alive) and for its end.
     pub(super) fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        if let Some(lane) = self.lane.get() {
-            let mut n = lane.read(buf)?;
-            if n == 0 {
-                let ended = self.drain_wake_ups();
-                // What the peer wrote before its last wake-up, its end or a reset (a peer that
-                // exits with wake-ups unread resets the connection) may have arrived after the
-                // first look.
-                n = lane.read(buf)?;
-                if n == 0 {
-                    return match ended? {
-                        true => Ok(0),
-                        false => Err(io::ErrorKind::WouldBlock.into()),
-                    };
-                }
-            }
-            self.heard.store(true, Ordering::Relaxed);
-            return Ok(n);
-        }
-        let n = read_some(&self.stream, buf)?;
-        if n > 0 {
-            self.heard.store(true, Ordering::Relaxed);
-        }
-        Ok(n)
+        self.inbound().read(buf, &self.heard)
     }
 
     /// Writes as much as the socket takes now of one frame (see [`PeerIo::write_frame`]),
-    /// whether or not the link switched to a lane: heartbeats and the switch itself go here.
+    /// whether or not link 0 switched to another medium: heartbeats and the switch itself go
+    /// here.
     pub(super) fn send_frame(
         &self,
         header: &[u8; HEADER_LEN],
@@ -186,12 +166,12 @@ impl Link {
         sent: u64,
     ) -> io::Result<usize> {
         with_frame_slices(header, parts, offset, len, sent, |slices| {
-            send_vectored(&self.stream, slices)
+            (&self.stream).write(slices)
         })
     }
 
-    /// Writes `header`, a frame without payload, on the socket (also where link 0 switched to a
-    /// lane): nothing when the socket takes nothing now, else all of it, waiting for room up to
+    /// Writes `header`, a frame without payload, on the socket (also where link 0 switched to
+    /// another medium): nothing when the socket takes nothing now, else all of it, waiting for room up to
     /// `limit` while watching `abort_fd`, and giving up once `aborted` says so. A writable
     /// socket takes a header whole in practice; should it take only part, the rest must follow
     /// before any other frame, or the link is unusable ([`HeaderSent::Stalled`]).
@@ -230,42 +210,25 @@ impl Link {
         }
     }
 
-    /// Reads away what the socket of a link on a lane holds: wake-ups and heartbeats, which
-    /// only prove the peer alive. Returns whether the stream ended.
-    fn drain_wake_ups(&self) -> io::Result<bool> {
-        let mut sink = [0u8; 256];
-        loop {
-            match read_some(&self.stream, &mut sink) {
-                Ok(0) => return Ok(true),
-                Ok(_) => self.heard.store(true, Ordering::Relaxed),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) => return Err(e),
-            }
-        }
+    /// Whether the peer switched the link off its socket.
+    pub(super) fn switched(&self) -> bool {
+        self.switched_in.get().is_some()
     }
 
-    /// Whether the link reads the peer's lane.
-    pub(super) fn on_lane(&self) -> bool {
-        self.lane.get().is_some()
+    /// Reads from `medium` from now on (the peer's switch frame arrived).
+    pub(super) fn switch_inbound(&self, medium: Box<dyn Inbound>) {
+        let _ = self.switched_in.set(medium);
     }
 
-    /// Switches the link's reading to the peer's lane (its switch frame arrived).
-    pub(super) fn switch_to_lane(&self, lane: LaneIn) {
-        let _ = self.lane.set(lane);
-    }
-
-    /// Prepares to block in `poll(2)` on this link: a lane reader says it sleeps, so that the
-    /// peer wakes it through the socket. Returns whether bytes are waiting already (then the
-    /// caller must not block).
+    /// Prepares to block in `poll(2)` on this link (see [`Inbound::before_poll`]). Returns
+    /// whether bytes are waiting already (then the caller must not block).
     pub(super) fn before_poll(&self) -> bool {
-        self.lane.get().is_some_and(LaneIn::sleep)
+        self.inbound().before_poll()
     }
 
     /// Undoes [`Link::before_poll`] once the poll is over.
     pub(super) fn after_poll(&self) {
-        if let Some(lane) = self.lane.get() {
-            lane.wake();
-        }
+        self.inbound().after_poll();
     }
 
     /// Whether bytes arrived since the last call.
@@ -282,19 +245,24 @@ impl Link {
     }
 }
 
+/// The sending side of one peer, under its send lock.
 #[derive(Debug)]
 pub(super) struct TxState {
     pub(super) next_seq: u64,
-    /// The bounce file of messages to this peer (`bounce.rs`), made at the first one.
-    pub(super) bounce: Option<BounceFile>,
-    /// The lane to this peer (`lane.rs`), made with the offer.
-    pub(super) lane: Option<LaneOut>,
+    /// The medium link 0 writes to since this rank switched it off the socket (to a
+    /// shared-memory lane, `same_host/switch.rs`); `None` while it writes the socket.
+    pub(super) switched_out: Option<Box<dyn Outbound>>,
 }
 
 impl TxState {
-    /// Whether link 0 writes into the lane.
-    pub(super) fn on_lane(&self) -> bool {
-        self.lane.as_ref().is_some_and(|l| l.switched)
+    /// Whether a writer waiting for room on the `pending` links (bit `k` for link `k`) must
+    /// nap for link 0: its medium has no descriptor that reports room.
+    pub(super) fn naps_for_room(&self, pending: u64) -> bool {
+        pending & 1 != 0
+            && self
+                .switched_out
+                .as_ref()
+                .is_some_and(|m| !m.room_by_poll())
     }
 }
 
@@ -314,16 +282,14 @@ impl PeerIo {
             addr,
             tx: Mutex::new(TxState {
                 next_seq: 0,
-                bounce: None,
-                lane: None,
+                switched_out: None,
             }),
         }
     }
 
     /// Writes as much as link `k` takes now of one frame (header, then bytes
     /// `offset..offset+len` of the concatenated `parts`), of which `sent` bytes are written
-    /// already: into the lane for link 0 once it switched, else into the socket. A lane reader
-    /// that sleeps is woken with one byte on the socket.
+    /// already: into the medium link 0 switched to, if it did, else into the socket.
     #[allow(
         clippy::too_many_arguments,
         reason = "one frame's pieces, as `frame_slices` takes them"
@@ -339,17 +305,12 @@ impl PeerIo {
         sent: u64,
     ) -> io::Result<usize> {
         let link = &self.links[k];
-        let Some(lane) = tx.lane.as_mut().filter(|l| k == 0 && l.switched) else {
-            return link.send_frame(header, parts, offset, len, sent);
-        };
-        with_frame_slices(header, parts, offset, len, sent, |slices| {
-            let (written, sleeping) = lane.write(slices)?;
-            if sleeping {
-                // A full socket is readable already, which wakes the poller as well.
-                let _ = send_vectored(&link.stream, &[IoSlice::new(&[0])]);
-            }
-            Ok(written)
-        })
+        match tx.switched_out.as_mut().filter(|_| k == 0) {
+            Some(medium) => with_frame_slices(header, parts, offset, len, sent, |slices| {
+                medium.write(slices)
+            }),
+            None => link.send_frame(header, parts, offset, len, sent),
+        }
     }
 
     /// Adds to `fds` a wait for room on each of the `pending` links (bit `k` for link `k`).

@@ -28,7 +28,8 @@
 //! loop; `reader.rs` the link service that decodes frames and lands payloads; `writer/` the
 //! frames of one message and how a blocked send waits; `hook.rs` the contract of the work a send
 //! moves on meanwhile, which `exchange.rs` (a send and a receive run together by one thread)
-//! implements; `link.rs` the per-peer sockets and link state; `socket.rs` the OS calls
+//! implements; `link.rs` the per-peer sockets and link state; `medium.rs` the contract of what
+//! carries a link's bytes (the socket, or a medium the link switched to); `socket.rs` the OS calls
 //! (`poll(2)`, vectored sends, wake-up sockets); `traffic.rs` the byte counters. Two rooms of
 //! their own: `liveness/` (the background watcher, heartbeats and the silence rule, catching up
 //! after a stop) and `same_host/` (the fast paths between ranks of one host: the offer, single
@@ -40,6 +41,7 @@ mod hook;
 mod hub;
 mod link;
 mod liveness;
+mod medium;
 mod reader;
 mod recv;
 mod same_host;
@@ -62,7 +64,7 @@ use crate::sync::{AtomicBool, Mutex, lock};
 pub(crate) use liveness::DEFAULT_HEARTBEAT;
 
 use self::liveness::CatchUp;
-use self::same_host::SingleCopy;
+use self::same_host::{Lanes, SingleCopy};
 use self::traffic::TrafficCounters;
 
 pub(crate) use hub::Hub;
@@ -99,6 +101,7 @@ pub(crate) struct Engine {
     traffic: TrafficCounters,
     catch_up: CatchUp,
     single_copy: SingleCopy,
+    lanes: Lanes,
 }
 
 impl Engine {
@@ -151,6 +154,7 @@ impl Engine {
             traffic: TrafficCounters::default(),
             catch_up: CatchUp::new(),
             single_copy: SingleCopy::new(here),
+            lanes: Lanes::new(world),
         })
     }
 

@@ -176,7 +176,7 @@ impl Engine {
     /// Whether link 0 from `peer` reads its shared-memory lane (for tests and tools).
     pub(crate) fn reads_lane_from(&self, peer: u32) -> bool {
         match self.peers.get(peer as usize) {
-            Some(Some(io)) => io.links.first().is_some_and(Link::on_lane),
+            Some(Some(io)) => io.links.first().is_some_and(Link::switched),
             _ => false,
         }
     }

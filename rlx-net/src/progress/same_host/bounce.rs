@@ -163,7 +163,6 @@ impl Engine {
     pub(in crate::progress) fn prepare_bounce(
         &self,
         to: u32,
-        slot: &mut Option<BounceFile>,
         seq: u64,
         total: u64,
         exchange: bool,
@@ -176,9 +175,12 @@ impl Engine {
         if len == 0 || !shared_memory::SUPPORTED || !self.bounces_to(to) {
             return BouncedHead::default();
         }
+        let Some(mut slot) = self.single_copy.bounce_file(to) else {
+            return BouncedHead::default();
+        };
         let Some(bounce) = usize::try_from(len)
             .ok()
-            .and_then(|len| BounceFile::ready(slot, len))
+            .and_then(|len| BounceFile::ready(&mut slot, len))
         else {
             return BouncedHead::default();
         };
@@ -194,11 +196,14 @@ impl Engine {
     /// publishing each chunk in `filled` as it lands.
     pub(in crate::progress) fn bounce_in(
         &self,
-        slot: &Option<BounceFile>,
+        to: u32,
         seq: u64,
         parts: &[&[u8]],
         bounced: BouncedHead,
     ) {
+        let Some(slot) = self.single_copy.bounce_file(to) else {
+            return;
+        };
         let Some(bounce) = slot.as_ref() else {
             return;
         };

@@ -34,10 +34,14 @@
 //! [`FrameKind::Lane`]: crate::frame::FrameKind::Lane
 
 use std::io::{self, IoSlice};
+use std::net::TcpStream;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
 use super::sys::shared_memory::{self, SharedMap};
+use crate::progress::medium::{Inbound, Outbound};
+use crate::progress::socket::{read_some, send_vectored};
+use crate::sync::{AtomicBool, Ordering as SyncOrdering};
 
 /// Bytes before the ring: the words, each on a cache line of its own, and padding up to a page,
 /// so that the data starts page-aligned.
@@ -76,8 +80,6 @@ pub(crate) struct LaneOut {
     ring: u64,
     /// Bytes ever written; `head` holds the same.
     head: u64,
-    /// Link 0 writes into the ring now (the switch frame was sent).
-    pub(in crate::progress) switched: bool,
 }
 
 impl LaneOut {
@@ -108,7 +110,6 @@ impl LaneOut {
             id,
             ring: ring_len as u64,
             head: 0,
-            switched: false,
         })
     }
 
@@ -124,10 +125,7 @@ impl LaneOut {
 
     /// Copies as much of `slices` as fits into the ring. Returns the bytes written and whether
     /// the reader sleeps and must be woken; `WouldBlock` when the ring is full.
-    pub(in crate::progress) fn write(
-        &mut self,
-        slices: &[IoSlice<'_>],
-    ) -> io::Result<(usize, bool)> {
+    fn write(&mut self, slices: &[IoSlice<'_>]) -> io::Result<(usize, bool)> {
         let tail = word(&self.map, TAIL_AT).load(Ordering::Acquire);
         let used = self.head.wrapping_sub(tail);
         if used > self.ring {
@@ -219,7 +217,7 @@ impl LaneIn {
     }
 
     /// Copies what the ring holds into `buf`, up to its length; 0 when the ring is empty.
-    pub(in crate::progress) fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         let tail = word(&self.map, TAIL_AT).load(Ordering::Relaxed);
         let head = word(&self.map, HEAD_AT).load(Ordering::Acquire);
         let ready = head.wrapping_sub(tail);
@@ -252,7 +250,7 @@ impl LaneIn {
 
     /// Says that the reader is about to block in `poll(2)`; returns whether the ring holds bytes
     /// already (then it must not block).
-    pub(in crate::progress) fn sleep(&self) -> bool {
+    fn sleep(&self) -> bool {
         word(&self.map, SLEEPING_AT).store(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         let head = word(&self.map, HEAD_AT).load(Ordering::SeqCst);
@@ -260,8 +258,101 @@ impl LaneIn {
     }
 
     /// Says that the reader is awake again: senders need not wake it.
-    pub(in crate::progress) fn wake(&self) {
+    fn wake(&self) {
         word(&self.map, SLEEPING_AT).store(0, Ordering::Relaxed);
+    }
+}
+
+/// Link 0's outbound medium once this rank switched it to the lane: the ring, and a handle to
+/// the link's socket to wake a reader that sleeps in `poll(2)` on it.
+#[derive(Debug)]
+pub(in crate::progress) struct LaneWriter {
+    ring: LaneOut,
+    socket: TcpStream,
+}
+
+impl LaneWriter {
+    /// Writes link 0's bytes into `ring` from now on, waking its reader through `socket` (a
+    /// second handle to the link's socket).
+    pub(in crate::progress) fn new(ring: LaneOut, socket: TcpStream) -> Self {
+        Self { ring, socket }
+    }
+}
+
+impl Outbound for LaneWriter {
+    fn write(&mut self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+        let (written, sleeping) = self.ring.write(slices)?;
+        if sleeping {
+            // A full socket is readable already, which wakes the poller as well.
+            let _ = send_vectored(&self.socket, &[IoSlice::new(&[0])]);
+        }
+        Ok(written)
+    }
+
+    fn room_by_poll(&self) -> bool {
+        false
+    }
+}
+
+/// Link 0's inbound medium once the peer switched it to its lane: the ring, and a handle to the
+/// link's socket, which past the switch carries only wake-ups and heartbeats (signs of life)
+/// and the end of the stream.
+#[derive(Debug)]
+pub(in crate::progress) struct LaneReader {
+    ring: LaneIn,
+    socket: TcpStream,
+}
+
+impl LaneReader {
+    /// Reads link 0's bytes from `ring` from now on, and `socket` (a second handle to the
+    /// link's socket) for the rest.
+    pub(in crate::progress) fn new(ring: LaneIn, socket: TcpStream) -> Self {
+        Self { ring, socket }
+    }
+
+    /// Reads away what the socket holds, noting in `heard` that the peer is alive. Returns
+    /// whether the stream ended.
+    fn drain_socket(&self, heard: &AtomicBool) -> io::Result<bool> {
+        let mut sink = [0u8; 256];
+        loop {
+            match read_some(&self.socket, &mut sink) {
+                Ok(0) => return Ok(true),
+                Ok(_) => heard.store(true, SyncOrdering::Relaxed),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl Inbound for LaneReader {
+    /// The ring first; once it is empty the socket too, for its signs of life and its end.
+    fn read(&self, buf: &mut [u8], heard: &AtomicBool) -> io::Result<usize> {
+        let mut n = self.ring.read(buf)?;
+        if n == 0 {
+            let ended = self.drain_socket(heard);
+            // What the peer wrote before its last wake-up, its end or a reset (a peer that
+            // exits with wake-ups unread resets the connection) may have arrived after the
+            // first look.
+            n = self.ring.read(buf)?;
+            if n == 0 {
+                return match ended? {
+                    true => Ok(0),
+                    false => Err(io::ErrorKind::WouldBlock.into()),
+                };
+            }
+        }
+        heard.store(true, SyncOrdering::Relaxed);
+        Ok(n)
+    }
+
+    /// Says that the reader sleeps, so that the peer wakes it through the socket.
+    fn before_poll(&self) -> bool {
+        self.ring.sleep()
+    }
+
+    fn after_poll(&self) {
+        self.ring.wake();
     }
 }
 

@@ -14,15 +14,14 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use rlx_transport::{CollectiveError, Tag};
+use rlx_transport::Tag;
 
-use crate::error::{Lost, protocol_lost};
+use crate::error::Lost;
 use crate::frame::{FrameHeader, FrameKind, OFFER_LEN};
 use crate::progress::Engine;
-use crate::progress::link::{Link, LinkRx, on_link_zero};
-use crate::sync::lock;
+use crate::progress::link::{Link, LinkRx};
 
-use super::lane::{LaneIn, LaneOut};
+use super::lane::LaneIn;
 use super::sys::cross_memory;
 
 /// The segment size pipelined collectives use among ranks that all run on this host: the
@@ -78,14 +77,7 @@ impl Engine {
         if self.cfg.lane_bytes == 0 {
             return (0, 0);
         }
-        let Some(Some(io)) = self.peers.get(peer as usize) else {
-            return (0, 0);
-        };
-        let mut tx = lock(&io.tx);
-        if tx.lane.is_none() {
-            tx.lane = LaneOut::create(self.cfg.lane_bytes);
-        }
-        tx.lane.as_ref().map_or((0, 0), LaneOut::name)
+        self.lanes.make(peer, self.cfg.lane_bytes)
     }
 
     /// Takes `peer`'s offer (the bytes of a [`FrameKind::Offer`] frame) when the nonce is where
@@ -187,8 +179,8 @@ impl Engine {
     }
 
     /// Handles a same-host control frame whose body the reader staged in `rx`: `from`'s offer
-    /// (its lane kept for the switch when this rank mapped it), or its switch of link 0 (`k`
-    /// must be 0) to that lane, after which the link reads the lane.
+    /// (its lane kept for the switch when this rank mapped it), or its switch of link 0 to that
+    /// lane (`switch.rs`).
     pub(in crate::progress) fn on_same_host_control(
         &self,
         from: u32,
@@ -197,30 +189,15 @@ impl Engine {
         rx: &mut LinkRx,
         header: &FrameHeader,
     ) -> Result<(), Lost> {
-        if header.kind == FrameKind::Offer {
-            let offer = &rx.staging[rx.start..rx.start + OFFER_LEN];
-            if let Some(lane) = self.take_offer(from, offer) {
-                rx.lane_offered = Some(lane);
-            }
-            rx.start += OFFER_LEN;
-            rx.header = None;
-            return Ok(());
+        if header.kind != FrameKind::Offer {
+            return self.on_lane_switch(from, k, link, rx);
         }
-        on_link_zero(from, k, "lane switch")?;
-        let Some(lane) = rx.lane_offered.take() else {
-            return Err(protocol_lost(CollectiveError::protocol(
-                Some(from),
-                "switch to a shared-memory lane this rank did not map".to_owned(),
-            )));
-        };
-        // Past the switch the socket carries only wake-ups and heartbeats.
-        rx.start = rx.end;
+        let offer = &rx.staging[rx.start..rx.start + OFFER_LEN];
+        if let Some(lane) = self.take_offer(from, offer) {
+            self.lanes.keep_mapped(from, lane);
+        }
+        rx.start += OFFER_LEN;
         rx.header = None;
-        link.switch_to_lane(lane);
-        tracing::info!(
-            peer = from,
-            "peer {from}: its messages arrive through a shared-memory lane"
-        );
         Ok(())
     }
 }

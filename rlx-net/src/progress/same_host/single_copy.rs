@@ -62,12 +62,12 @@ use rlx_transport::{CollectiveError, blocked_send};
 use crate::error::Lost;
 use crate::frame::FrameHeader;
 
-use super::bounce::PeerBounceFile;
+use super::bounce::{BounceFile, PeerBounceFile};
 use super::descriptor::{BouncedHead, DESCRIPTOR_LEN, Descriptor, MAX_PARTS};
 use super::sys::cross_memory;
 use crate::progress::Engine;
 use crate::progress::hook::ProgressHook;
-use crate::progress::link::{Destination, OwnReceive, PeerIo, TxState};
+use crate::progress::link::{Destination, OwnReceive, PeerIo};
 use crate::progress::socket::{poll, pollfd};
 
 /// Default of [`EngineConfig::min_single_copy`](super::EngineConfig::min_single_copy): below
@@ -135,6 +135,9 @@ pub(crate) struct SingleCopy {
     /// Indexed by rank: this rank's mapping of the peer's bounce file, used by whoever reads
     /// the peer's pulled messages.
     views: Box<[Mutex<Option<PeerBounceFile>>]>,
+    /// Indexed by rank: the bounce file of this rank's messages to the peer, made at the first
+    /// one; used under the peer's send lock.
+    bounce_files: Box<[Mutex<Option<BounceFile>>]>,
 }
 
 impl SingleCopy {
@@ -150,6 +153,7 @@ impl SingleCopy {
             peers: Box::leak(peers),
             nonce: Box::leak(nonce),
             views: here.iter().map(|_| Mutex::new(None)).collect(),
+            bounce_files: here.iter().map(|_| Mutex::new(None)).collect(),
             here,
         }
     }
@@ -169,6 +173,14 @@ impl SingleCopy {
         rank: u32,
     ) -> Option<MutexGuard<'_, Option<PeerBounceFile>>> {
         self.views.get(rank as usize).map(|v| lock(v))
+    }
+
+    /// The bounce file of this rank's messages to `rank`, locked.
+    pub(in crate::progress) fn bounce_file(
+        &self,
+        rank: u32,
+    ) -> Option<MutexGuard<'_, Option<BounceFile>>> {
+        self.bounce_files.get(rank as usize).map(|f| lock(f))
     }
 
     /// What `rank` wrote into this rank's `accepted` word (0: nothing).
@@ -192,7 +204,6 @@ impl Engine {
     pub(in crate::progress) fn carriage(
         &self,
         to: u32,
-        tx: &mut TxState,
         seq: u64,
         parts: &[&[u8]],
         exchange: bool,
@@ -201,7 +212,7 @@ impl Engine {
         if !self.sends_single_copy_to(to, total, parts.len()) {
             return Carriage::Stream;
         }
-        let bounced = self.prepare_bounce(to, &mut tx.bounce, seq, total, exchange);
+        let bounced = self.prepare_bounce(to, seq, total, exchange);
         Carriage::SingleCopy {
             descriptor: self.offer(to, seq, parts, bounced),
             bounced,

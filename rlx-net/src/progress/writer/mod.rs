@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 
 use rlx_transport::{CollectiveError, Failure, Tag};
 
-use crate::frame::{FrameHeader, FrameKind};
+use crate::frame::FrameKind;
 use crate::sync::lock;
 
 use super::Engine;
 use super::hook::ProgressHook;
-use super::link::{HeaderSent, PeerIo, TxState};
+use super::link::{PeerIo, TxState};
 use super::same_host::Carriage;
 
 use self::frames::{Frames, Outgoing};
@@ -169,7 +169,7 @@ impl Engine {
             total,
         };
         let carriage = match kind {
-            FrameKind::Data => self.carriage(to, &mut tx, seq, parts, hook.is_some()),
+            FrameKind::Data => self.carriage(to, seq, parts, hook.is_some()),
             _ => Carriage::Stream,
         };
         let mut frames = Frames::new(&msg, &carriage, io.links.len(), self.cfg.min_striped);
@@ -185,7 +185,7 @@ impl Engine {
             // The bounced head goes in at once, before the caller's work: the peer copies it
             // out right behind.
             if bounced.len > 0 {
-                self.bounce_in(&tx.bounce, seq, parts, bounced);
+                self.bounce_in(to, seq, parts, bounced);
             }
         }
         // The caller's work runs while the peer takes the message. Its error waits until the
@@ -295,40 +295,6 @@ impl Engine {
                 });
             }
             self.wait_for_room(io, tx, frames.pending(), hook, wait, now);
-        }
-    }
-
-    /// Moves link 0 to `to` onto its shared-memory lane once the peer mapped it (`lane.rs`):
-    /// the switch frame goes on the socket, everything after it into the ring. A socket that
-    /// takes nothing now leaves the switch to a later send.
-    fn switch_to_lane(
-        &self,
-        to: u32,
-        io: &PeerIo,
-        tx: &mut TxState,
-    ) -> Result<(), CollectiveError> {
-        let Some(lane) = tx.lane.as_mut().filter(|l| !l.switched && l.accepted()) else {
-            return Ok(());
-        };
-        let Some(link) = io.links.first() else {
-            return Ok(());
-        };
-        let header = FrameHeader::whole(FrameKind::Lane, Tag::from_raw(0), 0, 0).encode();
-        let limit = self.cfg.op_timeout;
-        match self.send_header_whole(to, io, link, &header, "a lane switch", limit) {
-            Ok(HeaderSent::Whole) => {
-                lane.switched = true;
-                tracing::debug!(peer = to, "link 0 writes into the shared-memory lane");
-                Ok(())
-            }
-            // A stall comes back as the loss of the peer, below.
-            Ok(HeaderSent::NotStarted | HeaderSent::Stalled { .. }) => Ok(()),
-            Ok(HeaderSent::Aborted) => Err(CollectiveError::Aborted),
-            Err(lost) => {
-                let err = lost.error(to);
-                self.lose(to, lost);
-                Err(err)
-            }
         }
     }
 

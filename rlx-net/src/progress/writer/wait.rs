@@ -75,9 +75,10 @@ impl Engine {
         wait: &mut SendWait,
         now: Instant,
     ) {
-        // A full lane has no socket to poll, and nothing wakes this side when the peer drains
-        // it: yield while the peer is likely reading, then wait in short naps.
-        let lane_full = pending & 1 != 0 && tx.on_lane();
+        // A full medium without a descriptor for its room (a lane) has no socket to poll, and
+        // nothing wakes this side when the peer drains it: yield while the peer is likely
+        // reading, then wait in short naps.
+        let lane_full = tx.naps_for_room(pending);
         let pending = pending & !u64::from(lane_full);
         if lane_full {
             let since = *wait.lane_full_since.get_or_insert(now);
