@@ -17,8 +17,9 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
-use common::checked::{OPS, Rng, plan, run_checked};
-use rlx_collective::{ProcessGroup, ReduceKind};
+use common::checked::{Rng, run_checked};
+use common::departure;
+use rlx_collective::ProcessGroup;
 
 /// Operation timeout: generous, so that a busy machine never makes a live rank look dead.
 const OP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -68,64 +69,22 @@ fn world(draw: Draw) -> Vec<ProcessGroup> {
     }
 }
 
-/// What a survivor does: the planned collectives until one fails (the leaver is gone), then
-/// shrink, then every collective kind and a ring exchange on the new group. Returns the new
-/// group's members (world ranks).
-fn survive(group: &ProcessGroup, draw: Draw, gone: &Barrier) -> Vec<u32> {
-    let steps = plan(draw.seed, draw.before + 64);
-    if draw.idle {
-        // Between operations: nothing runs until the leaver has left.
-        for (step, &(op, len)) in steps.iter().take(draw.before).enumerate() {
-            run_checked(group, op, step as u64, len).expect("every rank is still here");
-        }
-        gone.wait();
-    }
-    let first = if draw.idle { draw.before } else { 0 };
-    let failed = steps
-        .iter()
-        .enumerate()
-        .skip(first)
-        .any(|(step, &(op, len))| run_checked(group, op, step as u64, len).is_err());
-    assert!(failed, "{draw:?}: no collective failed without the leaver");
-    let shrunk = group
-        .shrink()
-        .unwrap_or_else(|e| panic!("{draw:?}: shrink on rank {}: {e}", group.rank()));
-    for (step, op) in OPS.iter().enumerate() {
-        for len in [0, 1, 97, 4099] {
-            run_checked(&shrunk, op, (step * 4 + len) as u64, len)
-                .unwrap_or_else(|e| panic!("{draw:?}: {op} of {len} on the new group: {e}"));
-        }
-    }
-    ring_exchange(&shrunk, draw);
-    shrunk.members().to_vec()
-}
-
-/// Every member sends its rank to the next and receives the previous one's.
-fn ring_exchange(group: &ProcessGroup, draw: Draw) {
-    let (rank, n) = (group.rank(), group.world_size());
-    if n < 2 {
-        return;
-    }
-    let mine = [rank as i64; 5];
-    let mut theirs = [0i64; 5];
-    let prev = (rank + n - 1) % n;
-    group
-        .send_recv((rank + 1) % n, &mine, prev, &mut theirs, 11)
-        .unwrap_or_else(|e| panic!("{draw:?}: ring exchange on the new group: {e}"));
-    assert_eq!(theirs, [prev as i64; 5], "{draw:?}");
-    let mut x = [1.0f32; 3];
-    group
-        .all_reduce(&mut x, ReduceKind::Sum)
-        .unwrap_or_else(|e| panic!("{draw:?}: a last all_reduce: {e}"));
-    assert_eq!(x, [n as f32; 3], "{draw:?}");
-}
-
 fn trial(draw: Draw) {
     // In an idle trial every rank meets here once the leaver has left.
     let gone = Arc::new(Barrier::new(draw.world as usize));
     let members = common::on_each(world(draw), move |group| {
         if group.rank() != draw.leaver {
-            return Some(survive(&group, draw, &gone));
+            let mut wait_gone = || {
+                gone.wait();
+            };
+            let idle = draw.idle.then_some(&mut wait_gone as &mut dyn FnMut());
+            return Some(departure::survive(
+                &group,
+                draw.seed,
+                draw.before,
+                idle,
+                &draw,
+            ));
         }
         leave(group, draw);
         if draw.idle {
@@ -149,9 +108,10 @@ fn leave(group: ProcessGroup, draw: Draw) {
     let crash_mid_operation = draw.crash && !draw.idle;
     // A crash during collective `before` stops there: if the abort comes only after it
     // finished, the survivors' next collective still misses this rank.
-    let steps = plan(draw.seed, draw.before + usize::from(crash_mid_operation));
+    let steps = departure::trial_plan(draw.seed);
     let mut killer = None;
-    for (step, &(op, len)) in steps.iter().enumerate() {
+    for step in 0..draw.before + usize::from(crash_mid_operation) {
+        let (op, len) = departure::step_of(&steps, step);
         if crash_mid_operation && step == draw.before {
             let transport = Arc::clone(group.transport());
             killer = Some(thread::spawn(move || {

@@ -7,6 +7,7 @@
 )]
 
 pub(crate) mod checked;
+pub(crate) mod departure;
 pub(crate) mod hooked;
 
 use std::sync::Arc;
@@ -63,9 +64,16 @@ pub(crate) struct Reaper(pub(crate) Vec<std::process::Child>);
 impl Drop for Reaper {
     fn drop(&mut self) {
         for child in &mut self.0 {
-            let _ = std::process::Command::new("kill")
-                .args(["-CONT", &child.id().to_string()])
-                .status();
+            if !matches!(child.try_wait(), Ok(None)) {
+                // Ended and reaped already: its process id may belong to another process.
+                continue;
+            }
+            #[cfg(unix)]
+            // SAFETY: the child has not been reaped (`try_wait` just found it running or
+            // stopped), so its process id is still its own.
+            unsafe {
+                libc::kill(child.id() as libc::pid_t, libc::SIGCONT);
+            }
             let _ = child.kill();
             let _ = child.wait();
         }
