@@ -44,6 +44,7 @@ pub struct TcpTransportBuilder {
     pub(crate) min_single_copy: u64,
     pub(crate) max_bounced: u64,
     pub(crate) longest_hold: Duration,
+    pub(crate) landing_grace: Duration,
     pub(crate) lane_bytes: u64,
     pub(crate) socket_setup: Option<SocketSetup>,
 }
@@ -85,6 +86,7 @@ impl Default for TcpTransportBuilder {
             min_single_copy: DEFAULT_MIN_SINGLE_COPY,
             max_bounced: DEFAULT_MAX_BOUNCED,
             longest_hold: crate::matching::LONGEST_HOLD,
+            landing_grace: crate::progress::LANDING_GRACE,
             lane_bytes: DEFAULT_LANE_BYTES,
             socket_setup: None,
         }
@@ -277,13 +279,23 @@ impl TcpTransportBuilder {
         self
     }
 
-    /// The longest an unexpected pulled message of this host waits in its sender's memory for
-    /// its receive (default 100 ms, shorter for messages under about 100 MB). Not a tuning
+    /// The longest a large unexpected message (4 MiB or more) waits unread for its receive
+    /// (default 100 ms, shorter for messages under about 100 MB). Not a tuning
     /// knob: tests that must arrange for a receive to be posted while a message waits set it
     /// long, so that how the machine schedules them cannot end the wait first.
     #[doc(hidden)]
     pub fn longest_hold(mut self, hold: Duration) -> Self {
         self.longest_hold = hold;
+        self
+    }
+
+    /// How long a receive whose message is landing in its buffer when its deadline passes goes
+    /// on without a byte landing before it gives up (default 100 ms). Not a tuning knob: tests
+    /// that measure what a receive keeps in memory set it long, so that a busy machine's pauses
+    /// cannot end a receive mid-message.
+    #[doc(hidden)]
+    pub fn landing_grace(mut self, grace: Duration) -> Self {
+        self.landing_grace = grace;
         self
     }
 

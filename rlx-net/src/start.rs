@@ -121,6 +121,7 @@ impl TcpTransportBuilder {
             max_bounced: self.max_bounced,
             lane_bytes: self.lane_bytes,
             longest_hold: self.longest_hold,
+            landing_grace: self.landing_grace,
         }
     }
 }

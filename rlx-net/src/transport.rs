@@ -20,7 +20,9 @@ use crate::sync::{Arc, thread};
 /// PMI or Slurm, see [`rlx_transport::bootstrap`]) or [`TcpTransport::builder`]. Every
 /// blocking call ends: with data, at its deadline, with [`CollectiveError::PeerLost`] naming a
 /// peer that closed, crashed or reset, or with [`CollectiveError::Aborted`] after
-/// [`Transport::abort`]. Dropping the transport says goodbye to every peer (they see
+/// [`Transport::abort`]. A receive into a buffer whose message is landing when its deadline
+/// passes goes on while bytes keep coming, and gives up only after 100 ms without one: the
+/// message then needs no second buffer of its size. Dropping the transport says goodbye to every peer (they see
 /// `PeerLost`), ends its background thread and closes every socket.
 ///
 /// # Examples
@@ -122,8 +124,8 @@ impl TcpTransport {
     /// memory for that receive right now (see `TcpTransportBuilder::longest_hold`). For tests
     /// that must post a receive while a message waits.
     #[doc(hidden)]
-    pub fn holds_pull_from(&self, rank: u32) -> bool {
-        self.engine.holds_pull_from(rank)
+    pub fn holds_message_from(&self, rank: u32) -> bool {
+        self.engine.holds_message_from(rank)
     }
 
     /// The address of `rank`'s first link, when connected.

@@ -276,7 +276,7 @@ fn a_message_waits_for_a_receive_posted_late() {
     std::thread::scope(|s| {
         let sender = s.spawn(|| w[0].send_bytes(1, 11, &message));
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !w[1].holds_pull_from(0) {
+        while !w[1].holds_message_from(0) {
             assert!(
                 Instant::now() < deadline,
                 "rank 1 never held the message for its receive"

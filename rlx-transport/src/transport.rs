@@ -97,7 +97,10 @@ pub trait Transport: Send + Sync {
 
     /// Like [`Transport::recv_message`], but lands the message in `buf` and returns its length.
     /// A message longer than `buf` fails with [`CollectiveError::LengthMismatch`] (and is
-    /// consumed). Transports override this to receive without allocating.
+    /// consumed). Transports override this to receive without allocating. A message that is
+    /// landing in `buf` when the deadline passes may be received whole, past the deadline,
+    /// while its bytes keep coming: giving up would leave the transport to hold the rest of it
+    /// in a buffer of its own (TCP does so; see `rlx-net`).
     fn recv_message_into(
         &self,
         from: u32,

@@ -31,11 +31,11 @@ impl State {
             .posted
             .iter_mut()
             .find(|p| p.tag == tag && matches!(p.state, PostState::Waiting));
-        let held = peer.held_pull.take();
+        let held = peer.held.take();
         let placed = match post {
             Some(post) => for_post(post, total, reader),
             None => {
-                peer.held_pull = held;
+                peer.held = held;
                 unexpected(peer, header, budget, longest_hold)
             }
         };
@@ -230,8 +230,8 @@ fn for_post(post: &mut Posted, total: u64, reader: Option<PostId>) -> Option<Pla
 }
 
 /// Where a message nobody waits for goes: queued in an owned buffer within `peer`'s
-/// unexpected budget of `budget` bytes; `None` parks it (the budget is used up, or a pulled
-/// message waits up to `longest_hold` in its sender's memory for its receive).
+/// unexpected budget of `budget` bytes; `None` parks it (the budget is used up, or a large
+/// message waits up to `longest_hold` for its receive).
 fn unexpected(
     peer: &mut PeerState,
     header: &FrameHeader,
@@ -239,12 +239,10 @@ fn unexpected(
     longest_hold: Duration,
 ) -> Option<Placed> {
     let (seq, tag, total) = (header.seq, header.tag, header.total);
-    if header.kind == FrameKind::SingleCopy
-        && peer.holds_pull(seq, total, Instant::now(), longest_hold)
-    {
+    if peer.holds(seq, total, Instant::now(), longest_hold) {
         return None;
     }
-    peer.held_pull = None;
+    peer.held = None;
     if !peer.admits(total, budget) {
         return None;
     }

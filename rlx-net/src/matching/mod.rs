@@ -363,6 +363,19 @@ impl State {
         None
     }
 
+    /// How many bytes have landed of the message arriving into the reading thread's own
+    /// buffer for posted receive `id` from `from`; `None` when no message lands there.
+    pub(crate) fn landed_for(&self, from: u32, id: PostId) -> Option<u64> {
+        self.peers
+            .get(from as usize)?
+            .arriving
+            .iter()
+            .find_map(|a| {
+                let own = matches!(a.target, Target::Post(p) if p == id);
+                (own && matches!(a.dest, Dest::Caller)).then_some(a.received)
+            })
+    }
+
     fn remove_post(&mut self, from: u32, id: PostId) {
         let peer = self.peer(from);
         peer.posted.retain(|p| p.id != id);

@@ -35,23 +35,23 @@ pub(crate) struct LinkSlot {
     pub(crate) parked: bool,
 }
 
-/// How long an unexpected pulled message stays in its sender's memory per byte: the time a
-/// byte takes to copy at 1 GB/s, about what landing it in a buffer of the transport's own (a
-/// fresh allocation, then a second copy into the receive) costs.
+/// How long a large unexpected message waits per byte for its receive (in its sender's memory
+/// when pulled, in the sockets when streamed): the time a byte takes to copy at 1 GB/s, about
+/// what landing it in a buffer of the transport's own (a fresh allocation, then a second copy
+/// into the receive) costs.
 const HOLD_PER_BYTE: Duration = Duration::from_nanos(1);
-/// The longest an unexpected pulled message stays in its sender's memory, unless a test sets
-/// another limit (`TcpTransportBuilder::longest_hold`).
+/// The longest a large unexpected message waits for its receive, unless a test sets another
+/// limit (`TcpTransportBuilder::longest_hold`).
 pub(crate) const LONGEST_HOLD: Duration = Duration::from_millis(100);
-/// Smaller unexpected pulled messages are taken at once, as before holds existed: the copy a
+/// Smaller unexpected messages are taken at once, as before holds existed: the copy a
 /// hold saves them costs less than a millisecond, no more than the background watcher may take
 /// to take them once their hold is over, and with 512 KiB blocks held a scatter of two ranks
 /// fell into iterations of 0.5–2 ms (from 0.05) in some runs.
 const HOLD_MIN_BYTES: u64 = 4 << 20;
 
-/// An unexpected pulled message left in its sender's memory for a while (see
-/// [`PeerState::holds_pull`]).
+/// A large unexpected message left unread for a while (see [`PeerState::holds`]).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct HeldPull {
+pub(crate) struct Held {
     seq: u64,
     until: Instant,
 }
@@ -68,7 +68,7 @@ pub(crate) struct PeerState {
     pub(crate) lost: Option<Lost>,
     pub(crate) links: Vec<LinkSlot>,
     /// The pulled message at the head of link 0 that waits for its receive to be posted.
-    pub(super) held_pull: Option<HeldPull>,
+    pub(super) held: Option<Held>,
 }
 
 impl PeerState {
@@ -88,34 +88,28 @@ impl PeerState {
                     parked: false,
                 })
                 .collect(),
-            held_pull: None,
+            held: None,
         }
     }
 
-    /// Whether unexpected pulled message `seq` of `total` bytes (at least [`HOLD_MIN_BYTES`])
-    /// stays in its sender's memory for now (its link parked). The sender waits until it is
-    /// taken anyway, and a receive posted meanwhile reads it straight into its buffer; landing
-    /// it now would cost a buffer of its size and a second copy. It stays for about as long as
-    /// that would take (at most `longest`), counted from when it was first seen, and is then
-    /// taken like any message, so that ranks that send to each other before they receive still
-    /// make progress.
-    pub(super) fn holds_pull(
-        &mut self,
-        seq: u64,
-        total: u64,
-        now: Instant,
-        longest: Duration,
-    ) -> bool {
+    /// Whether unexpected message `seq` of `total` bytes (at least [`HOLD_MIN_BYTES`]) stays
+    /// unread for now (its link parked): a pulled one in its sender's memory, a streamed one in
+    /// the sockets, its sender's send waiting meanwhile. A receive posted meanwhile reads it
+    /// straight into its buffer; landing it now would cost a buffer of its size and a second
+    /// copy. It stays for about as long as that would take (at most `longest`), counted from
+    /// when it was first seen, and is then taken like any message, so that ranks that send to
+    /// each other before they receive still make progress.
+    pub(super) fn holds(&mut self, seq: u64, total: u64, now: Instant, longest: Duration) -> bool {
         if total < HOLD_MIN_BYTES {
             return false;
         }
-        match self.held_pull {
+        match self.held {
             Some(held) if held.seq == seq => now < held.until,
             _ => {
                 let hold = HOLD_PER_BYTE
                     .saturating_mul(u32::try_from(total).unwrap_or(u32::MAX))
                     .min(longest);
-                self.held_pull = Some(HeldPull {
+                self.held = Some(Held {
                     seq,
                     until: now + hold,
                 });
@@ -124,10 +118,10 @@ impl PeerState {
         }
     }
 
-    /// When the pulled message this peer's link 0 is parked for stops waiting for its receive,
-    /// if one is: from then on the background watcher takes it.
+    /// When the message this peer's link 0 is parked for stops waiting for its receive, if one
+    /// is: from then on the background watcher takes it.
     pub(crate) fn hold_ends(&self) -> Option<Instant> {
-        self.held_pull.map(|held| held.until)
+        self.held.map(|held| held.until)
     }
 
     pub(super) fn post_mut(&mut self, id: PostId) -> Option<&mut Posted> {

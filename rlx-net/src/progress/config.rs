@@ -27,8 +27,11 @@ pub(crate) struct EngineConfig {
     /// The ring size of each shared-memory lane to a rank of this host (`lane.rs`); 0 keeps
     /// every link on TCP.
     pub(crate) lane_bytes: u64,
-    /// The longest an unexpected pulled message waits for its receive (`matching/peer.rs`).
+    /// The longest a large unexpected message waits for its receive (`matching/peer.rs`).
     pub(crate) longest_hold: Duration,
+    /// How long a receive whose message lands in the caller's buffer goes on past its deadline
+    /// without a byte landing before it gives up (`recv.rs`).
+    pub(crate) landing_grace: Duration,
 }
 
 impl EngineConfig {

@@ -87,14 +87,14 @@ impl Hub {
         }
     }
 
-    /// The hub with unexpected pulled messages waiting at most `hold` for their receives.
-    pub(crate) fn holding_pulls_for(self, hold: Duration) -> Self {
+    /// The hub with large unexpected messages waiting at most `hold` for their receives.
+    pub(crate) fn holding_for(self, hold: Duration) -> Self {
         lock(&self.state).set_longest_hold(hold);
         self
     }
 
-    /// Whether a pulled message of `peer` waits in its sender's memory for its receive now.
-    pub(crate) fn holds_pull_from(&self, peer: u32) -> bool {
+    /// Whether a large message of `peer` waits unread for its receive now.
+    pub(crate) fn holds_message_from(&self, peer: u32) -> bool {
         lock(&self.state)
             .peers
             .get(peer as usize)

@@ -62,6 +62,7 @@ use crate::frame::{FrameHeader, FrameKind, HEADER_LEN};
 use crate::sync::{AtomicBool, Mutex, lock};
 
 pub(crate) use liveness::DEFAULT_HEARTBEAT;
+pub(crate) use recv::LANDING_GRACE;
 
 use self::liveness::CatchUp;
 use self::same_host::{Lanes, SingleCopy};
@@ -144,7 +145,7 @@ impl Engine {
             cfg,
             peers,
             hub: Hub::new(rank, world, links, cfg.max_unexpected, cfg.min_striped)
-                .holding_pulls_for(cfg.longest_hold),
+                .holding_for(cfg.longest_hold),
             abort_tx,
             abort_rx,
             watch_tx,
@@ -159,9 +160,9 @@ impl Engine {
     }
 
     /// Whether a pulled message of `peer` waits for its receive now (see
-    /// [`Hub::holds_pull_from`]).
-    pub(crate) fn holds_pull_from(&self, peer: u32) -> bool {
-        self.hub.holds_pull_from(peer)
+    /// [`Hub::holds_message_from`]).
+    pub(crate) fn holds_message_from(&self, peer: u32) -> bool {
+        self.hub.holds_message_from(peer)
     }
 
     pub(crate) fn op_timeout(&self) -> Duration {

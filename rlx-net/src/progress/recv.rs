@@ -18,6 +18,13 @@ use super::link::{Destination, Link, OwnReceive, PeerIo, RawDest};
 use super::reader::Service;
 use super::socket::{POLL_FDS, WakeWrite, poll, pollfd};
 
+/// Default of [`EngineConfig::landing_grace`](super::EngineConfig::landing_grace): how long a
+/// receive whose message is landing in the caller's buffer goes on past its deadline without
+/// a byte landing before it gives up (see [`Engine::still_landing`]). Bytes that keep coming
+/// mean a live peer and a message that will end, so the receive takes it whole instead of
+/// leaving it to a copy.
+pub(crate) const LANDING_GRACE: Duration = Duration::from_millis(100);
+
 impl Engine {
     /// Receives the next message from `from` under `tag`, landing it in `buf` when one is
     /// given. `Ok(None)` at the deadline. A receive that will not wait first catches up on
@@ -62,11 +69,12 @@ impl Links for Engine {
         from: u32,
         id: PostId,
         buf: &mut Option<&mut [u8]>,
-        deadline: Option<Instant>,
+        mut deadline: Option<Instant>,
     ) -> DriveEnd {
         let Some(Some(io)) = self.peers.get(from as usize) else {
             return DriveEnd::Stalled;
         };
+        let mut landed_at_deadline = None;
         let mut own = OwnReceive {
             id,
             buf: buf.as_deref_mut(),
@@ -100,6 +108,10 @@ impl Links for Engine {
             }
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
+                if self.still_landing(from, id, &mut landed_at_deadline) {
+                    deadline = Some(now + self.cfg.landing_grace);
+                    continue;
+                }
                 return DriveEnd::Deadline(self.withdraw_while_reading(from, io, &mut own));
             }
             let since = *spin_since.get_or_insert(now);
@@ -179,6 +191,22 @@ impl Engine {
             Some(Some(io)) => io.links.first().is_some_and(Link::switched),
             _ => false,
         }
+    }
+
+    /// Whether the receive `id` from `from`, at its deadline, keeps reading because its message
+    /// is landing in the caller's buffer and more of it landed since the last deadline
+    /// (`landed`, updated). Giving up then would move the landed part, and every later byte,
+    /// into a buffer of the transport's own as large as the message: the receive that comes
+    /// back for it would copy it all again, and the process would hold the message twice.
+    fn still_landing(&self, from: u32, id: PostId, landed: &mut Option<u64>) -> bool {
+        let now = lock(&self.hub.state).landed_for(from, id);
+        let moved = match (now, *landed) {
+            (Some(now), Some(before)) => now > before,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        *landed = now;
+        moved
     }
 
     /// The deadline passed while this thread reads for its own receive: withdraw it, and if

@@ -66,7 +66,7 @@ impl Engine {
             if peer.lost.is_some() || self.peers.get(rank).is_none_or(|p| p.is_none()) {
                 continue;
             }
-            // A pulled message parked while it waits for its receive is taken once its wait is
+            // A large message parked while it waits for its receive is taken once its wait is
             // over, so that its sender is never left waiting for a receive that comes only
             // after a send of its own.
             let hold_over = match peer.hold_ends() {
