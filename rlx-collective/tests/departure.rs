@@ -18,22 +18,16 @@ use std::thread;
 use std::time::Duration;
 
 use common::checked::{Rng, run_checked};
-use common::departure;
+use common::departure::{self, Departure};
 use rlx_collective::ProcessGroup;
 
 /// Operation timeout: generous, so that a busy machine never makes a live rank look dead.
 const OP_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// One trial's draw.
+/// One trial's draw: the shared part, and how the rank leaves.
 #[derive(Clone, Copy, Debug)]
 struct Draw {
-    seed: u64,
-    world: u32,
-    leaver: u32,
-    /// Collectives every rank runs before the leaver leaves.
-    before: usize,
-    /// Whether the survivors wait, idle, until the leaver is gone.
-    idle: bool,
+    departure: Departure,
     /// Whether the leaver crashes (its transport aborts, as a process killed mid-operation
     /// does) instead of dropping its group.
     crash: bool,
@@ -45,17 +39,20 @@ struct Draw {
 impl Draw {
     fn new(seed: u64) -> Self {
         let mut rng = Rng::seeded(seed);
-        let world = 2 + rng.below(7) as u32;
         Draw {
-            seed,
-            world,
-            leaver: rng.below(u64::from(world)) as u32,
-            before: rng.below(4) as usize,
-            idle: rng.below(3) == 0,
+            departure: Departure::draw(seed, &mut rng),
             crash: rng.below(2) == 0,
             crash_after: Duration::from_micros(rng.below(400)),
             tcp: seed % 2 == 1,
         }
+    }
+}
+
+impl std::ops::Deref for Draw {
+    type Target = Departure;
+
+    fn deref(&self) -> &Departure {
+        &self.departure
     }
 }
 

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use common::Reaper;
 use common::checked::{Rng, run_checked};
-use common::departure;
+use common::departure::{self, Departure};
 use rlx_collective::{ProcessGroup, Transport};
 
 /// Set in a re-executed copy of this test binary: `rank,world,port,seed`.
@@ -58,16 +58,10 @@ enum Way {
     Stop,
 }
 
-/// One trial's draw.
+/// One trial's draw: the shared part, and how and when the rank leaves.
 #[derive(Clone, Copy, Debug)]
 struct Draw {
-    seed: u64,
-    world: u32,
-    leaver: u32,
-    /// Collectives every rank runs before the leaver may leave.
-    before: usize,
-    /// Whether the survivors wait, idle, until the leaver has left.
-    idle: bool,
+    departure: Departure,
     way: Way,
     /// How long after the leaver said it runs the parent signals it (unless idle).
     delay: Duration,
@@ -76,16 +70,19 @@ struct Draw {
 impl Draw {
     fn new(seed: u64) -> Self {
         let mut rng = Rng::seeded(seed);
-        let world = 2 + rng.below(7) as u32;
         Draw {
-            seed,
-            world,
-            leaver: rng.below(u64::from(world)) as u32,
-            before: rng.below(4) as usize,
-            idle: rng.below(3) == 0,
+            departure: Departure::draw(seed, &mut rng),
             way: [Way::Exit, Way::Kill, Way::Stop][(seed % 3) as usize],
             delay: Duration::from_micros(rng.below(3000)),
         }
+    }
+}
+
+impl std::ops::Deref for Draw {
+    type Target = Departure;
+
+    fn deref(&self) -> &Departure {
+        &self.departure
     }
 }
 

@@ -7,7 +7,36 @@ use std::fmt::Debug;
 
 use rlx_collective::{ProcessGroup, ReduceKind};
 
-use super::checked::{OPS, plan, run_checked};
+use super::checked::{OPS, Rng, plan, run_checked};
+
+/// What every departure trial draws from its seed: the world, the rank that leaves, how many
+/// collectives every rank runs first, and whether the others then wait, idle, until it has
+/// left. Each form's own draw adds how the rank leaves.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Departure {
+    pub(crate) seed: u64,
+    /// 2 to 8 ranks.
+    pub(crate) world: u32,
+    pub(crate) leaver: u32,
+    /// Collectives every rank runs before the leaver leaves.
+    pub(crate) before: usize,
+    /// Whether the survivors wait, idle, until the leaver is gone.
+    pub(crate) idle: bool,
+}
+
+impl Departure {
+    /// The draw of trial `seed`, from `rng` (seeded with it), which the caller draws on from.
+    pub(crate) fn draw(seed: u64, rng: &mut Rng) -> Self {
+        let world = 2 + rng.below(7) as u32;
+        Departure {
+            seed,
+            world,
+            leaver: rng.below(u64::from(world)) as u32,
+            before: rng.below(4) as usize,
+            idle: rng.below(3) == 0,
+        }
+    }
+}
 
 /// How many planned collectives a trial draws; the survivors cycle through them until one
 /// fails, however long the leaver takes to leave.
