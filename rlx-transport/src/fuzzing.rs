@@ -74,6 +74,22 @@ pub fn replay(dir: &Path, target: Target) -> Result<usize, String> {
 /// One input of a seed corpus: the target it is for, a file name, and the bytes.
 pub type Seed = (&'static str, String, Vec<u8>);
 
+/// A seed corpus being gathered, a target's seeds at a time (see each crate's `seeds`).
+#[derive(Debug, Default)]
+pub struct Corpus(Vec<Seed>);
+
+impl Corpus {
+    /// Adds seed `name` of fuzz target `target`.
+    pub fn add(&mut self, target: &'static str, name: &str, bytes: Vec<u8>) {
+        self.0.push((target, name.to_owned(), bytes));
+    }
+
+    /// The seeds, in the order they were added.
+    pub fn into_seeds(self) -> Vec<Seed> {
+        self.0
+    }
+}
+
 /// Writes `seeds` under `corpus` (`corpus/<target>/<name>`), replacing files of the same name.
 pub fn write_seeds(corpus: &Path, seeds: &[Seed]) -> std::io::Result<()> {
     for (target, name, bytes) in seeds {
@@ -245,37 +261,38 @@ pub fn failure_notice(data: &[u8]) -> Verdict {
 /// Valid encodings from this crate's encoders and a few malformed inputs, for every target
 /// above: the seed corpus under `fuzz/corpus/`.
 pub fn seeds() -> Vec<Seed> {
-    use crate::FatalCause;
-    use crate::symmetric::HeapFault;
-    use crate::symmetric::wire::{Message, Request, Response, Signal};
+    let mut c = Corpus::default();
+    text_seeds(&mut c);
+    symmetric_wire_seeds(&mut c);
+    failure_notice_seeds(&mut c);
+    c.into_seeds()
+}
 
-    let mut out: Vec<Seed> = Vec::new();
-    let mut add = |target: &'static str, name: &str, bytes: Vec<u8>| {
-        out.push((target, name.to_owned(), bytes));
-    };
-    add(
+/// Seeds of the text parsers: hostfiles, interface filters, launch environments.
+fn text_seeds(c: &mut Corpus) {
+    c.add(
         "hostfile",
         "two-ranks",
         br#"[["10.0.0.1:5000"],["10.0.0.2:5000"]]"#.to_vec(),
     );
-    add(
+    c.add(
         "hostfile",
         "links-and-v6",
         br#"[["h0:1","h0:2"],"[fe80::1%eth0]:7",["[::1]:9"]]"#.to_vec(),
     );
-    add("hostfile", "empty-list", b"[]".to_vec());
-    add("hostfile", "no-port", br#"[["host"]]"#.to_vec());
-    add("hostfile", "not-json", b"[[\"a:1\"".to_vec());
-    add("ifname", "prefix", b"eth,en".to_vec());
-    add("ifname", "exact", b"=eth1".to_vec());
-    add("ifname", "exclude-exact", b"^=docker0, lo".to_vec());
-    add("ifname", "separators-only", b" , ,".to_vec());
-    add(
+    c.add("hostfile", "empty-list", b"[]".to_vec());
+    c.add("hostfile", "no-port", br#"[["host"]]"#.to_vec());
+    c.add("hostfile", "not-json", b"[[\"a:1\"".to_vec());
+    c.add("ifname", "prefix", b"eth,en".to_vec());
+    c.add("ifname", "exact", b"=eth1".to_vec());
+    c.add("ifname", "exclude-exact", b"^=docker0, lo".to_vec());
+    c.add("ifname", "separators-only", b" , ,".to_vec());
+    c.add(
         "launch_env",
         "torchrun",
         b"RANK=1\nWORLD_SIZE=4\nMASTER_ADDR=10.0.0.1\nMASTER_PORT=29500\n".to_vec(),
     );
-    add(
+    c.add(
         "launch_env",
         "rlx-everything",
         b"RLX_RANK=0\nRLX_HOSTFILE=[[\"a:1\"],[\"b:2\"]]\nRLX_SOCKET_IFNAME=^lo\n\
@@ -283,16 +300,23 @@ pub fn seeds() -> Vec<Seed> {
           RLX_MAX_FRAME_BYTES=65536\n"
             .to_vec(),
     );
-    add(
+    c.add(
         "launch_env",
         "rank-outside",
         b"RLX_RANK=4\nRLX_WORLD_SIZE=4\nRLX_MASTER_ADDR=[::1]\nRLX_MASTER_PORT=1\n".to_vec(),
     );
-    add(
+    c.add(
         "launch_env",
         "zero-knobs",
         b"RLX_WORLD_SIZE=1\nRLX_MASTER_ADDR=h\nRLX_MASTER_PORT=1\nRLX_TIMEOUT_MS=0\n".to_vec(),
     );
+}
+
+/// Seeds of the one-sided wire: one of every request and response, and two broken ones.
+fn symmetric_wire_seeds(c: &mut Corpus) {
+    use crate::symmetric::HeapFault;
+    use crate::symmetric::wire::{Message, Request, Response, Signal};
+
     let data: &[u8] = b"payload";
     let messages = [
         Message::Request(Request::Put {
@@ -339,18 +363,24 @@ pub fn seeds() -> Vec<Seed> {
         }),
     ];
     for (i, message) in messages.iter().enumerate() {
-        add(
+        c.add(
             "symmetric_wire",
             &format!("valid-{i}"),
             wire::encode(message),
         );
     }
-    add(
+    c.add(
         "symmetric_wire",
         "truncated-get",
         wire::encode_get(1, 2, 3)[..20].to_vec(),
     );
-    add("symmetric_wire", "unknown-kind", vec![0x42; 9]);
+    c.add("symmetric_wire", "unknown-kind", vec![0x42; 9]);
+}
+
+/// Seeds of the failure notices: one of each kind, an unknown cause, a short one.
+fn failure_notice_seeds(c: &mut Corpus) {
+    use crate::FatalCause;
+
     let notices = [
         Failure::LengthMismatch {
             expected: 4000,
@@ -364,7 +394,7 @@ pub fn seeds() -> Vec<Seed> {
         },
     ];
     for (i, notice) in notices.iter().enumerate() {
-        add(
+        c.add(
             "failure_notice",
             &format!("valid-{i}"),
             notice.encode().to_vec(),
@@ -376,7 +406,6 @@ pub fn seeds() -> Vec<Seed> {
     }
     .encode();
     unknown_cause[9] = 0xee;
-    add("failure_notice", "unknown-cause", unknown_cause.to_vec());
-    add("failure_notice", "short", vec![1; FAILURE_WIRE_LEN - 1]);
-    out
+    c.add("failure_notice", "unknown-cause", unknown_cause.to_vec());
+    c.add("failure_notice", "short", vec![1; FAILURE_WIRE_LEN - 1]);
 }
