@@ -284,11 +284,9 @@ impl Ranks {
         let draw = self.draw;
         let mut report = format!("{draw:?}: {why}");
         for (rank, child) in self.reaper.0.iter_mut().enumerate() {
-            let _ = std::process::Command::new("kill")
-                .args(["-CONT", &child.id().to_string()])
-                .status();
-            let _ = child.kill();
-            let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+            let status = common::end(child)
+                .map(|s| s.to_string())
+                .unwrap_or_default();
             let mut err = String::new();
             if let Some(mut pipe) = child.stderr.take() {
                 let _ = pipe.read_to_string(&mut err);

@@ -64,20 +64,24 @@ pub(crate) struct Reaper(pub(crate) Vec<std::process::Child>);
 impl Drop for Reaper {
     fn drop(&mut self) {
         for child in &mut self.0 {
-            if !matches!(child.try_wait(), Ok(None)) {
-                // Ended and reaped already: its process id may belong to another process.
-                continue;
-            }
-            #[cfg(unix)]
-            // SAFETY: the child has not been reaped (`try_wait` just found it running or
-            // stopped), so its process id is still its own.
-            unsafe {
-                libc::kill(child.id() as libc::pid_t, libc::SIGCONT);
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+            let _ = end(child);
         }
     }
+}
+
+/// Ends `child`, resuming it first if it was stopped (so that the kill is not left pending),
+/// and returns how it ended; a child reaped already is only asked for its status again.
+pub(crate) fn end(child: &mut std::process::Child) -> std::io::Result<std::process::ExitStatus> {
+    if matches!(child.try_wait(), Ok(None)) {
+        #[cfg(unix)]
+        // SAFETY: the child has not been reaped (`try_wait` just found it running or
+        // stopped), so its process id is still its own.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, libc::SIGCONT);
+        }
+        let _ = child.kill();
+    }
+    child.wait()
 }
 
 /// Stops `child` with SIGSTOP and returns once it has stopped, or `Err` when it ended

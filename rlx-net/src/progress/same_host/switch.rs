@@ -74,7 +74,9 @@ impl Engine {
         io: &PeerIo,
         tx: &mut TxState,
     ) -> Result<(), CollectiveError> {
-        if tx.switched_out.is_some() {
+        // Every send passes here: a link switched already, or to a rank of another host (which
+        // never has a lane), costs no lock.
+        if tx.switched_out.is_some() || !self.single_copy.on_this_host(to) {
             return Ok(());
         }
         let Some(waiting) = self.lanes.waiting.get(to as usize) else {
