@@ -111,6 +111,7 @@ mod scratch;
 pub mod select;
 mod shrink;
 mod split;
+mod sync;
 mod wait_chain;
 
 pub use bucketer::Bucketer;

@@ -18,6 +18,7 @@ const MODELS: &[(&str, &str)] = &[
     ("rlx-transport", "loom_inbox"),
     ("rlx-transport", "loom_heap"),
     ("rlx-net", "loom_progress"),
+    ("rlx-collective", "loom_flight"),
 ];
 
 /// Runs every loom model at the given preemption bound.

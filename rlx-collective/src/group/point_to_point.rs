@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::ProcessGroup;
+use crate::flight::{Call, PointToPoint};
 use crate::health::{FailureScope, NOTICE_SLICE, Watch, slice_for, unreceived_beside};
 use crate::wait_chain::Doing;
 use crate::{CollectiveError, DType, Element, Result, Tag, Transport};
@@ -101,7 +102,7 @@ impl ProcessGroup {
     pub fn recv_into<T: Element>(&self, from: u32, tag: u32, buf: &mut [T]) -> Result<usize> {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
         let slice = slice_for(bytes.len());
-        let record = ("recv", T::DTYPE, None);
+        let record = (PointToPoint::Recv, T::DTYPE, None);
         let (peer, len) =
             self.receive((from, tag), slice, record, |transport, peer, tag, end| {
                 transport.recv_message_into(peer, tag, bytes, end)
@@ -118,7 +119,14 @@ impl ProcessGroup {
         let tag = Tag::user(tag)?;
         let peer = self.world_peer(to)?;
         let elements = (data.len() / dtype.size()) as u64;
-        self.recorded("send", (peer, user_tag), dtype, Some(elements), || {
+        let call = Call {
+            kind: PointToPoint::Send,
+            peer,
+            tag: user_tag,
+            dtype,
+            elements: Some(elements),
+        };
+        self.recorded(call, || {
             let watch = self.watch().doing(Doing::Send { to, tag: user_tag });
             watch.check()?;
             watch
@@ -130,21 +138,12 @@ impl ProcessGroup {
         })
     }
 
-    /// Runs the point-to-point call `call` (`op` with world rank `peer` under user tag `tag`,
-    /// moving `dtype` elements, `elements` of them when known) as an entry of the flight
-    /// recorder.
-    fn recorded<R>(
-        &self,
-        op: &'static str,
-        (peer, tag): (u32, u32),
-        dtype: DType,
-        elements: Option<u64>,
-        call: impl FnOnce() -> Result<R>,
-    ) -> Result<R> {
+    /// Runs `run`, the point-to-point call `call`, as an entry of the flight recorder.
+    fn recorded<R>(&self, call: Call, run: impl FnOnce() -> Result<R>) -> Result<R> {
         let flight = &self.shared.flight;
-        let seq = flight.point_to_point_started(op, (peer, tag), dtype.name(), elements);
-        let result = call();
-        flight.point_to_point_ended(seq, result.as_ref().err());
+        let started = flight.point_to_point_started(call);
+        let result = run();
+        flight.point_to_point_ended(started, result.as_ref().err());
         result
     }
 
@@ -153,7 +152,7 @@ impl ProcessGroup {
     ///
     /// See the example of [`ProcessGroup::send`].
     pub fn recv_typed(&self, from: u32, tag: u32, dtype: DType) -> Result<Vec<u8>> {
-        let record = ("recv", dtype, None);
+        let record = (PointToPoint::Recv, dtype, None);
         let (peer, bytes) = self.receive(
             (from, tag),
             NOTICE_SLICE,
@@ -175,7 +174,7 @@ impl ProcessGroup {
         dtype: DType,
     ) -> Result<usize> {
         let slice = slice_for(buf.len());
-        let record = ("recv", dtype, None);
+        let record = (PointToPoint::Recv, dtype, None);
         let (peer, len) =
             self.receive((from, tag), slice, record, |transport, peer, tag, end| {
                 transport.recv_message_into(peer, tag, buf, end)
@@ -242,7 +241,11 @@ impl ProcessGroup {
         let mut sent = false;
         let slice = slice_for(buf.len());
         let watch = self.watch().doing(Doing::Send { to: to_rank, tag });
-        let record = ("send_recv", dtype, Some((data.len() / dtype.size()) as u64));
+        let record = (
+            PointToPoint::SendRecv,
+            dtype,
+            Some((data.len() / dtype.size()) as u64),
+        );
         let (peer, len) = self.receive(
             (from, tag),
             slice,
@@ -278,8 +281,15 @@ impl ProcessGroup {
         let peer = self.world_peer(from)?;
         let after = self.shared.transport.op_timeout();
         let transport = self.shared.transport.as_ref();
-        let (op, dtype, elements) = record;
-        self.recorded(op, (peer, user_tag), dtype, elements, || {
+        let (kind, dtype, elements) = record;
+        let call = Call {
+            kind,
+            peer,
+            tag: user_tag,
+            dtype,
+            elements,
+        };
+        self.recorded(call, || {
             let watch = self.watch().doing(Doing::Recv {
                 from,
                 tag: user_tag,
@@ -369,9 +379,9 @@ fn in_elements(error: CollectiveError, dtype: DType) -> CollectiveError {
     }
 }
 
-/// How a receive appears in the flight recorder: the operation's name, the element type and,
-/// when known before the message arrives, the element count (what an exchange sends).
-type Recorded = (&'static str, DType, Option<u64>);
+/// How a receive appears in the flight recorder: the call, the element type and, when known
+/// before the message arrives, the element count (what an exchange sends).
+type Recorded = (PointToPoint, DType, Option<u64>);
 
 /// The number of `dtype` elements in a message of `len` bytes from world rank `peer`, or the
 /// protocol error when it is not a whole number.

@@ -6,20 +6,31 @@
 //!
 //! The ring is allocated once, with the group; recording an operation overwrites the slot of
 //! its sequence number, so the steady state allocates nothing (only a failure's message is a
-//! string). It is dumped as JSON lines to `RLX_FLIGHT_RECORDER/rank-<world rank>.jsonl`
+//! string). Point-to-point calls, which can take under a microsecond, have a ring of their own
+//! written without a lock (`point_to_point.rs`), and every timestamp comes from a clock that
+//! costs a few nanoseconds to read (`clock.rs`). It is dumped as JSON lines to `RLX_FLIGHT_RECORDER/rank-<world rank>.jsonl`
 //! (`rank-<r>-group-<g>.jsonl` for a sub-group) when an operation fails fatally and when the
 //! group is dropped, if that variable names a directory;
 //! [`ProcessGroup::flight_record`](crate::ProcessGroup::flight_record) returns a snapshot at
 //! any time.
 
+mod clock;
+#[cfg(not(rlx_loom))]
+mod point_to_point;
+#[cfg(rlx_loom)]
+#[doc(hidden)]
+pub mod point_to_point;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 use serde::Serialize;
 
+use self::clock::Clock;
+use self::point_to_point::CallRing;
+pub(crate) use self::point_to_point::{Call, PointToPoint, Started};
 use crate::{CollectiveError, DType, Result};
 
 pub use crate::env::FLIGHT_DIR_VAR;
@@ -82,14 +93,12 @@ pub struct FlightEntry {
 pub(crate) struct FlightRecorder {
     group: u16,
     rank: u32,
-    /// The Unix time of `started`, so that timestamps need one clock read each.
-    epoch_us: u64,
-    started: Instant,
+    clock: Clock,
     slots: Mutex<Vec<Option<FlightEntry>>>,
     /// The point-to-point calls, a ring of their own: they are outside the group's sequence,
     /// and a loop of them must not push the collectives out of the record.
-    point_to_point: Mutex<Vec<Option<FlightEntry>>>,
-    next_point_to_point: AtomicU32,
+    calls: CallRing,
+    next_call: AtomicU32,
     /// 0 for the job's first world; k for a world grown k times (`ProcessGroup::grow`), whose
     /// ranks are numbered anew and so write files of their own.
     generation: AtomicU32,
@@ -99,17 +108,13 @@ impl FlightRecorder {
     /// An empty recorder of `entries` slots (at least one) for group `group` on world rank
     /// `rank`.
     pub(crate) fn new(group: u16, rank: u32, entries: usize) -> Self {
-        let epoch_us = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
         FlightRecorder {
             group,
             rank,
-            epoch_us,
-            started: Instant::now(),
+            clock: Clock::new(),
             slots: Mutex::new(vec![None; entries.max(1)]),
-            point_to_point: Mutex::new(vec![None; entries.max(1)]),
-            next_point_to_point: AtomicU32::new(0),
+            calls: CallRing::new(entries),
+            next_call: AtomicU32::new(0),
             generation: AtomicU32::new(0),
         }
     }
@@ -125,7 +130,7 @@ impl FlightRecorder {
     }
 
     fn now_us(&self) -> u64 {
-        self.epoch_us + self.started.elapsed().as_micros() as u64
+        self.clock.now_us()
     }
 
     /// Records that operation `seq` (`op`) was issued.
@@ -136,38 +141,17 @@ impl FlightRecorder {
         slots[seq as usize % len] = Some(entry);
     }
 
-    /// Records that a point-to-point call (`op`) with world rank `peer` under user tag `tag`
-    /// started, moving elements of `dtype` (`elements` of them when known: a receive learns
-    /// its length only when the message arrives); returns its number for
+    /// Records that the point-to-point call `call` started; returns the receipt for
     /// [`FlightRecorder::point_to_point_ended`].
-    pub(crate) fn point_to_point_started(
-        &self,
-        op: &'static str,
-        (peer, tag): (u32, u32),
-        dtype: &'static str,
-        elements: Option<u64>,
-    ) -> u32 {
-        let seq = self.next_point_to_point.fetch_add(1, Ordering::Relaxed);
-        let mut entry = self.entry(seq, op, FlightState::Running);
-        entry.peer = Some(peer);
-        entry.tag = Some(tag);
-        entry.waiting_on = Some(peer);
-        entry.dtype = Some(dtype);
-        entry.elements = elements;
-        let mut slots = self.point_to_point.lock();
-        let len = slots.len();
-        slots[seq as usize % len] = Some(entry);
-        seq
+    pub(crate) fn point_to_point_started(&self, call: Call) -> Started {
+        let seq = self.next_call.fetch_add(1, Ordering::Relaxed);
+        self.calls.started(seq, call, self.now_us())
     }
 
-    /// Point-to-point call `seq` ended, with `error` if it failed.
-    pub(crate) fn point_to_point_ended(&self, seq: u32, error: Option<&CollectiveError>) {
-        let ended_us = self.now_us();
-        let mut slots = self.point_to_point.lock();
-        let len = slots.len();
-        if let Some(entry) = slots[seq as usize % len].as_mut().filter(|e| e.seq == seq) {
-            finish(entry, ended_us, error);
-        }
+    /// The point-to-point call of `started` ended, with `error` if it failed.
+    pub(crate) fn point_to_point_ended(&self, started: Started, error: Option<&CollectiveError>) {
+        let error = error.map(ToString::to_string);
+        self.calls.ended(started, self.now_us(), error);
     }
 
     /// A new entry of this recorder's group and rank.
@@ -249,13 +233,9 @@ impl FlightRecorder {
 
     /// The recorded collectives, oldest first, then the point-to-point calls, oldest first.
     pub(crate) fn snapshot(&self) -> Vec<FlightEntry> {
-        let ring = |slots: &Mutex<Vec<Option<FlightEntry>>>| {
-            let mut entries: Vec<FlightEntry> = slots.lock().iter().flatten().cloned().collect();
-            entries.sort_by_key(|e| e.seq);
-            entries
-        };
-        let mut entries = ring(&self.slots);
-        entries.extend(ring(&self.point_to_point));
+        let mut entries: Vec<FlightEntry> = self.slots.lock().iter().flatten().cloned().collect();
+        entries.sort_by_key(|e| e.seq);
+        entries.extend(self.calls.snapshot(self.group, self.rank));
         entries
     }
 
@@ -356,5 +336,49 @@ mod tests {
         // An update for an operation the ring no longer holds changes nothing.
         recorder.ended(2, Some(&CollectiveError::Aborted));
         assert_eq!(recorder.snapshot(), entries);
+    }
+
+    #[test]
+    fn point_to_point_calls_keep_the_latest_in_a_ring_of_their_own() {
+        let recorder = FlightRecorder::new(1, 3, 4);
+        recorder.issued(0, "barrier");
+        let call = |kind, tag, elements| Call {
+            kind,
+            peer: 2,
+            tag,
+            dtype: DType::BF16,
+            elements,
+        };
+        for tag in 0..5 {
+            let started = recorder.point_to_point_started(call(PointToPoint::Send, tag, Some(9)));
+            recorder.point_to_point_ended(started, None);
+        }
+        let failed = recorder.point_to_point_started(call(PointToPoint::SendRecv, 5, Some(4)));
+        recorder.point_to_point_ended(failed, Some(&CollectiveError::Aborted));
+        recorder.point_to_point_started(call(PointToPoint::Recv, 6, None));
+        let entries = recorder.snapshot();
+        // The collective comes first, then the last four of the seven calls, in order.
+        let summary: Vec<_> = entries.iter().map(|e| (e.op, e.tag, e.state)).collect();
+        assert_eq!(
+            summary,
+            [
+                ("barrier", None, FlightState::Issued),
+                ("send", Some(3), FlightState::Done),
+                ("send", Some(4), FlightState::Done),
+                ("send_recv", Some(5), FlightState::Failed),
+                ("recv", Some(6), FlightState::Running),
+            ]
+        );
+        let failed = &entries[3];
+        assert_eq!(failed.error, Some(CollectiveError::Aborted.to_string()));
+        assert!(
+            failed
+                .ended_us
+                .is_some_and(|ended| ended >= failed.issued_us)
+        );
+        let running = &entries[4];
+        assert_eq!((running.peer, running.waiting_on), (Some(2), Some(2)));
+        assert_eq!((running.dtype, running.elements), (Some("bf16"), None));
+        assert_eq!(running.ended_us, None);
     }
 }
