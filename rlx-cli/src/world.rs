@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, ValueEnum};
 
 use crate::job::{self, ChildSpec};
-use crate::netns::{self, Topology};
+use crate::netns::{self, Cabling, Rates, Topology};
 
 /// The transports a local job can run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -89,7 +89,10 @@ pub struct WorldConfig {
     pub timeout_ms: Option<u64>,
     /// Whether each rank runs in its own network namespace.
     pub netns: bool,
-    /// A `tbf` rate for the namespace links (`"20gbit"`), with `netns`.
+    /// How the namespaces are cabled, with `netns`.
+    pub topology: Cabling,
+    /// `tbf` rates for the namespace links (`"20gbit"`, or per class `"tb=2gbit,eth=200mbit"`),
+    /// with `netns`.
     pub rate: Option<String>,
 }
 
@@ -156,11 +159,17 @@ pub struct LinkArgs {
     /// How socket ranks find each other.
     #[arg(long, value_enum, default_value_t = Rendezvous::Store)]
     pub rendezvous: Rendezvous,
-    /// Run each rank in its own network namespace, joined by veth links named thunderbolt0
-    /// (needs root).
+    /// Run each rank in its own network namespace, joined by veth links (needs root).
     #[arg(long)]
     pub netns: bool,
-    /// With --netns: a tbf rate limit on every link (e.g. 20gbit, Thunderbolt 4's TCP rate).
+    /// With --netns: how the ranks are cabled. star (one switch, links named thunderbolt0),
+    /// mesh, ring or chain (a veth pair per cable, named thunderbolt0, thunderbolt1, ... on a
+    /// /30 each), any of these three with +star for a switch alongside (eth0), or islands:AxB
+    /// (A meshes of B ranks joined by a switch).
+    #[arg(long, requires = "netns", default_value_t = Cabling::default())]
+    pub topology: Cabling,
+    /// With --netns: a tbf rate limit on every link (e.g. 20gbit, Thunderbolt 4's TCP rate),
+    /// or one per class of link: tb=2gbit,eth=200mbit (cables, switch).
     #[arg(long, requires = "netns")]
     pub rate: Option<String>,
 }
@@ -187,6 +196,7 @@ impl WorldArgs {
             rendezvous: self.links.rendezvous,
             timeout_ms,
             netns: self.links.netns,
+            topology: self.links.topology,
             rate: self.links.rate.clone(),
         }
     }
@@ -215,10 +225,27 @@ impl WorldConfig {
             );
         }
         if self.netns {
+            let plan = self.topology.plan(self.size)?;
+            if plan.star.is_none() {
+                return Err(format!(
+                    "--topology {}: without a switch the ranks reach each other only over their \
+                     cables, and the transports do not choose a peer's address by cable yet; \
+                     use --topology {}+star (the cables are laid, the traffic crosses the switch)",
+                    self.topology, self.topology
+                ));
+            }
+            if self.transport == TransportKind::Tb && self.topology.shape != netns::Shape::Star {
+                return Err(format!(
+                    "--transport tb over --topology {}: the Thunderbolt transport meets and talks \
+                     over Thunderbolt links only, and the switch beside cables is Ethernet; \
+                     only --topology star (the Thunderbolt bridge) carries it for now",
+                    self.topology
+                ));
+            }
             netns::check_available()?;
         }
         if let Some(rate) = &self.rate {
-            netns::burst_bytes(rate)?;
+            Rates::parse(rate)?;
         }
         Ok(())
     }
@@ -234,7 +261,11 @@ impl World {
             );
         }
         let topology = if config.netns {
-            Some(Topology::create(config.size, config.rate.as_deref())?)
+            Some(Topology::create(
+                config.size,
+                config.topology,
+                config.rate.as_deref(),
+            )?)
         } else {
             None
         };
@@ -337,9 +368,11 @@ impl World {
         }
         if let Some(topology) = &self.topology {
             spec.netns = topology.namespace_of(index).map(str::to_owned);
-            // Inside a namespace the only links are `lo` and `thunderbolt0`; naming the
-            // interface makes the advertised address the one the other ranks can reach.
-            spec = spec.env("RLX_SOCKET_IFNAME", format!("={}", netns::IFNAME));
+            // Naming the switch's interface makes the advertised address the one every other
+            // rank can reach (a cable reaches one peer only).
+            if let Some(ifname) = topology.switch_ifname() {
+                spec = spec.env("RLX_SOCKET_IFNAME", format!("={ifname}"));
+            }
         }
         spec
     }

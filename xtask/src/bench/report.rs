@@ -326,6 +326,7 @@ pub(super) fn write_json(
         "ranks": args.ranks,
         "transport": args.world.transport.name(),
         "netns": args.world.links.netns,
+        "topology": args.world.links.topology.to_string(),
         "iters": args.iters,
         "warmup": args.warmup,
         "budget_bytes": measure::parse_size(&args.budget)?,

@@ -137,9 +137,12 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), String> {
         args.ranks,
         args.world.transport.name(),
         if args.world.links.netns {
-            ", one network namespace per rank (thunderbolt0 links)"
+            format!(
+                ", one network namespace per rank, cabled {}",
+                args.world.links.topology
+            )
         } else {
-            ""
+            String::new()
         },
         args.world
             .links

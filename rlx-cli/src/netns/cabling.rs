@@ -1,0 +1,441 @@
+//! The cablings `--netns` emulates (`--topology`): which ranks each cable joins, what each end
+//! is called and addressed, and the rate of each class of link.
+//!
+//! Users cable Macs point to point: a full mesh when they have ports enough, a ring or a chain
+//! when they do not, Thunderbolt islands joined through Ethernet; Linux boxes sit on a switch.
+//! Each cable is a small network of its own (a /30, as MLX's JACCL documentation advises with
+//! the Thunderbolt Bridge turned off), so two ranks without a cable between them have no route
+//! to each other. A switch (the star) is one bridge with one link per rank on one /24. Nothing
+//! here touches the system: [`Cabling::plan`] only says what `Topology::create` builds.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::str::FromStr;
+
+use super::burst_bytes;
+
+/// The shape of the cables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// Every rank on one switch (one bridge), as Linux boxes on Ethernet.
+    Star,
+    /// A cable between every pair of ranks.
+    Mesh,
+    /// Rank i cabled to rank i + 1, and the last to the first.
+    Ring,
+    /// Rank i cabled to rank i + 1.
+    Chain,
+    /// `count` meshes of `size` ranks each (ranks numbered island by island), every rank also on
+    /// one switch that joins the islands.
+    Islands {
+        /// How many islands.
+        count: u32,
+        /// Ranks per island.
+        size: u32,
+    },
+}
+
+/// What `--topology` describes: a shape of cables, and whether a switch joins every rank
+/// besides (the Ethernet a Mac has next to its Thunderbolt cables).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cabling {
+    /// The cables.
+    pub shape: Shape,
+    /// Whether every rank is also on a switch (always, for a star and for islands).
+    pub with_star: bool,
+}
+
+impl Default for Cabling {
+    fn default() -> Self {
+        Cabling {
+            shape: Shape::Star,
+            with_star: true,
+        }
+    }
+}
+
+impl FromStr for Cabling {
+    type Err = String;
+
+    /// `star`, `mesh`, `ring`, `chain` (each of the last three with `+star` for a switch
+    /// alongside), or `islands:AxB` (A meshes of B ranks joined by a switch).
+    fn from_str(text: &str) -> Result<Self, String> {
+        let (shape, alongside) = match text.strip_suffix("+star") {
+            Some(shape) => (shape, true),
+            None => (text, false),
+        };
+        let shape = match shape {
+            "star" => Shape::Star,
+            "mesh" => Shape::Mesh,
+            "ring" => Shape::Ring,
+            "chain" => Shape::Chain,
+            _ => match shape.strip_prefix("islands:") {
+                Some(sizes) => islands(sizes, text)?,
+                None => {
+                    return Err(format!(
+                        "--topology {text:?}: expected star, mesh, ring, chain (each but star \
+                         optionally +star) or islands:AxB"
+                    ));
+                }
+            },
+        };
+        if alongside && matches!(shape, Shape::Star | Shape::Islands { .. }) {
+            return Err(format!(
+                "--topology {text:?}: a star and islands are on a switch already; drop +star"
+            ));
+        }
+        let with_star = alongside || matches!(shape, Shape::Star | Shape::Islands { .. });
+        Ok(Cabling { shape, with_star })
+    }
+}
+
+/// The `AxB` of `islands:AxB`.
+fn islands(sizes: &str, text: &str) -> Result<Shape, String> {
+    let parsed = sizes
+        .split_once('x')
+        .and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?)));
+    match parsed {
+        Some((count, size)) if count >= 1 && size >= 1 => Ok(Shape::Islands { count, size }),
+        _ => Err(format!(
+            "--topology {text:?}: islands are written islands:AxB, A islands of B ranks (e.g. islands:2x2)"
+        )),
+    }
+}
+
+impl fmt::Display for Cabling {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.shape {
+            Shape::Star => return f.write_str("star"),
+            Shape::Islands { count, size } => return write!(f, "islands:{count}x{size}"),
+            Shape::Mesh => f.write_str("mesh")?,
+            Shape::Ring => f.write_str("ring")?,
+            Shape::Chain => f.write_str("chain")?,
+        }
+        if self.with_star {
+            f.write_str("+star")
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// The two kinds of link, each with a rate of its own (`--rate tb=...,eth=...`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkClass {
+    /// A Thunderbolt cable (or the Thunderbolt bridge of a star alone).
+    Thunderbolt,
+    /// The Ethernet switch alongside cables, or joining islands.
+    Ethernet,
+}
+
+/// A cable between two ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cable {
+    /// Its number, which places its /30.
+    pub index: u32,
+    /// The ranks it joins, the lower first.
+    pub ends: [u32; 2],
+}
+
+/// The most cables a cabling may have: each takes a /30 of 10.214.0.0/16.
+pub(super) const MAX_CABLES: u32 = 1 << 14;
+
+impl Cable {
+    /// The address of `rank`'s end (`rank` must be one of the ends).
+    pub fn address(&self, rank: u32) -> Ipv4Addr {
+        let base = u32::from(Ipv4Addr::new(10, 214, 0, 0)) + self.index * 4;
+        Ipv4Addr::from(base + if rank == self.ends[0] { 1 } else { 2 })
+    }
+
+    /// The other end's rank, seen from `rank`.
+    pub fn peer_of(&self, rank: u32) -> u32 {
+        if rank == self.ends[0] {
+            self.ends[1]
+        } else {
+            self.ends[0]
+        }
+    }
+}
+
+/// One link of a rank as it sees it: an interface, its address, and what is at the other end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankLink {
+    /// The interface name inside the rank's namespace (`thunderbolt1`, `eth0`).
+    pub ifname: String,
+    /// The rank's address on it.
+    pub address: Ipv4Addr,
+    /// The prefix length of its network (30 for a cable, 24 for the switch).
+    pub prefix: u8,
+    /// The cable's far end, or `None` for the switch.
+    pub peer: Option<u32>,
+    /// Its class.
+    pub class: LinkClass,
+}
+
+/// A cabling laid out for a world of a given size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The cables.
+    pub cables: Vec<Cable>,
+    /// The switch every rank is on, if any: its interface name and class.
+    pub star: Option<(&'static str, LinkClass)>,
+}
+
+/// The switch's link when it is the only one: the Thunderbolt bridge `--netns` always emulated.
+pub(super) const STAR_IFNAME: &str = "thunderbolt0";
+/// The switch's link beside cables.
+pub(super) const ETHERNET_IFNAME: &str = "eth0";
+
+impl Cabling {
+    /// The cables and switch of this cabling for `world` ranks.
+    pub fn plan(&self, world: u32) -> Result<Plan, String> {
+        let pairs: Vec<[u32; 2]> = match self.shape {
+            Shape::Star => Vec::new(),
+            Shape::Mesh => mesh(0..world),
+            Shape::Chain => (1..world).map(|b| [b - 1, b]).collect(),
+            Shape::Ring => {
+                let mut pairs: Vec<[u32; 2]> = (1..world).map(|b| [b - 1, b]).collect();
+                // A ring of two is one cable, as a chain of two; of one, none.
+                if world > 2 {
+                    pairs.push([0, world - 1]);
+                }
+                pairs
+            }
+            Shape::Islands { count, size } => {
+                if count.checked_mul(size) != Some(world) {
+                    return Err(format!(
+                        "--topology {self} has {count} × {size} ranks, not the {world} asked for"
+                    ));
+                }
+                (0..count)
+                    .flat_map(|i| mesh(i * size..(i + 1) * size))
+                    .collect()
+            }
+        };
+        if pairs.len() as u64 > u64::from(MAX_CABLES) {
+            return Err(format!(
+                "--topology {self} of {world} ranks needs {} cables; at most {MAX_CABLES} fit",
+                pairs.len()
+            ));
+        }
+        let cables = (0..)
+            .zip(pairs)
+            .map(|(index, ends)| Cable { index, ends })
+            .collect();
+        let star = self.with_star.then_some(match self.shape {
+            Shape::Star => (STAR_IFNAME, LinkClass::Thunderbolt),
+            _ => (ETHERNET_IFNAME, LinkClass::Ethernet),
+        });
+        Ok(Plan { cables, star })
+    }
+}
+
+/// A cable between every pair of `ranks`.
+fn mesh(ranks: std::ops::Range<u32>) -> Vec<[u32; 2]> {
+    let end = ranks.end;
+    ranks
+        .flat_map(|a| (a + 1..end).map(move |b| [a, b]))
+        .collect()
+}
+
+impl Plan {
+    /// `rank`'s links: its cables, named `thunderbolt0`, `thunderbolt1`, ... in the order of
+    /// the peer's rank, then the switch.
+    pub fn links_of(&self, rank: u32) -> Vec<RankLink> {
+        let mut cables: Vec<&Cable> = self
+            .cables
+            .iter()
+            .filter(|c| c.ends.contains(&rank))
+            .collect();
+        cables.sort_by_key(|c| c.peer_of(rank));
+        let mut links: Vec<RankLink> = cables
+            .into_iter()
+            .enumerate()
+            .map(|(i, cable)| RankLink {
+                ifname: format!("thunderbolt{i}"),
+                address: cable.address(rank),
+                prefix: 30,
+                peer: Some(cable.peer_of(rank)),
+                class: LinkClass::Thunderbolt,
+            })
+            .collect();
+        if let Some((ifname, class)) = self.star {
+            links.push(RankLink {
+                ifname: ifname.to_owned(),
+                address: star_address(rank),
+                prefix: 24,
+                peer: None,
+                class,
+            });
+        }
+        links
+    }
+}
+
+/// `rank`'s address on the switch.
+pub(super) fn star_address(rank: u32) -> Ipv4Addr {
+    // `Topology::create` refuses a switch of more than 250 ranks, so the last octet stays in
+    // 1..=250.
+    Ipv4Addr::new(10, 213, 0, u8::try_from(rank + 1).unwrap_or(u8::MAX))
+}
+
+/// The `tbf` rate of each class of link (`--rate`): one rate for every link (`20gbit`), or one
+/// per class (`tb=2gbit,eth=200mbit`; a class left out is not limited).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rates {
+    thunderbolt: Option<String>,
+    ethernet: Option<String>,
+}
+
+impl Rates {
+    /// The rates `--rate` describes, each checked.
+    pub fn parse(text: &str) -> Result<Rates, String> {
+        if !text.contains('=') {
+            burst_bytes(text)?;
+            return Ok(Rates {
+                thunderbolt: Some(text.to_owned()),
+                ethernet: Some(text.to_owned()),
+            });
+        }
+        let mut rates = Rates::default();
+        for part in text.split(',') {
+            let (class, rate) = part.split_once('=').unwrap_or((part, ""));
+            burst_bytes(rate)?;
+            let slot = match class.trim() {
+                "tb" => &mut rates.thunderbolt,
+                "eth" => &mut rates.ethernet,
+                other => {
+                    return Err(format!(
+                        "--rate {text:?}: unknown link class {other:?} (tb for cables, eth for the switch)"
+                    ));
+                }
+            };
+            *slot = Some(rate.trim().to_owned());
+        }
+        Ok(rates)
+    }
+
+    /// The rate of links of `class`, if limited.
+    pub fn of(&self, class: LinkClass) -> Option<&str> {
+        match class {
+            LinkClass::Thunderbolt => self.thunderbolt.as_deref(),
+            LinkClass::Ethernet => self.ethernet.as_deref(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(topology: &str, world: u32) -> Plan {
+        topology.parse::<Cabling>().unwrap().plan(world).unwrap()
+    }
+
+    fn pairs(plan: &Plan) -> Vec<[u32; 2]> {
+        plan.cables.iter().map(|c| c.ends).collect()
+    }
+
+    #[test]
+    fn each_shape_cables_the_pairs_it_names() {
+        assert_eq!(pairs(&plan("star", 4)), Vec::<[u32; 2]>::new());
+        assert_eq!(pairs(&plan("mesh", 3)), [[0, 1], [0, 2], [1, 2]]);
+        assert_eq!(pairs(&plan("ring", 4)), [[0, 1], [1, 2], [2, 3], [0, 3]]);
+        assert_eq!(pairs(&plan("ring", 2)), [[0, 1]]);
+        assert_eq!(pairs(&plan("chain", 4)), [[0, 1], [1, 2], [2, 3]]);
+        assert_eq!(pairs(&plan("islands:2x2", 4)), [[0, 1], [2, 3]]);
+        assert_eq!(plan("mesh", 8).cables.len(), 28);
+        assert_eq!(plan("mesh", 1).cables.len(), 0);
+    }
+
+    #[test]
+    fn the_switch_is_there_when_asked_and_named_as_a_user_sees_it() {
+        assert_eq!(
+            plan("star", 2).star,
+            Some(("thunderbolt0", LinkClass::Thunderbolt))
+        );
+        assert_eq!(plan("mesh", 2).star, None);
+        assert_eq!(
+            plan("mesh+star", 2).star,
+            Some(("eth0", LinkClass::Ethernet))
+        );
+        assert_eq!(
+            plan("islands:2x3", 6).star,
+            Some(("eth0", LinkClass::Ethernet))
+        );
+        for text in ["star", "mesh", "ring+star", "chain+star", "islands:3x1"] {
+            assert_eq!(text.parse::<Cabling>().unwrap().to_string(), text);
+        }
+    }
+
+    #[test]
+    fn a_rank_sees_its_cables_by_peer_then_the_switch() {
+        let chain = plan("chain+star", 3);
+        let middle = chain.links_of(1);
+        let seen: Vec<_> = middle
+            .iter()
+            .map(|l| (l.ifname.as_str(), l.address.to_string(), l.prefix, l.peer))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("thunderbolt0", "10.214.0.2".to_owned(), 30, Some(0)),
+                ("thunderbolt1", "10.214.0.5".to_owned(), 30, Some(2)),
+                ("eth0", "10.213.0.2".to_owned(), 24, None),
+            ]
+        );
+        // The two ends of a cable share its /30 and nobody else's.
+        let first = chain.cables[0];
+        assert_eq!(first.address(0).to_string(), "10.214.0.1");
+        assert_eq!(first.address(1).to_string(), "10.214.0.2");
+        let last = Cable {
+            index: MAX_CABLES - 1,
+            ends: [0, 1],
+        };
+        assert_eq!(last.address(1).to_string(), "10.214.255.254");
+    }
+
+    #[test]
+    fn bad_cablings_are_named() {
+        for (text, says) in [
+            ("torus", "expected star, mesh"),
+            ("islands:2", "islands:AxB"),
+            ("islands:0x4", "islands:AxB"),
+            ("star+star", "drop +star"),
+            ("islands:2x2+star", "drop +star"),
+        ] {
+            let error = text.parse::<Cabling>().unwrap_err();
+            assert!(error.contains(says), "{text}: {error}");
+        }
+        let error = plan_error("islands:2x2", 5);
+        assert!(error.contains("2 × 2 ranks, not the 5"), "{error}");
+        let error = plan_error("mesh", 250);
+        assert!(error.contains("31125 cables"), "{error}");
+    }
+
+    fn plan_error(topology: &str, world: u32) -> String {
+        topology
+            .parse::<Cabling>()
+            .unwrap()
+            .plan(world)
+            .unwrap_err()
+    }
+
+    #[test]
+    fn rates_are_one_for_all_links_or_one_per_class() {
+        let all = Rates::parse("20gbit").unwrap();
+        assert_eq!(all.of(LinkClass::Thunderbolt), Some("20gbit"));
+        assert_eq!(all.of(LinkClass::Ethernet), Some("20gbit"));
+        let split = Rates::parse("tb=2gbit,eth=200mbit").unwrap();
+        assert_eq!(split.of(LinkClass::Thunderbolt), Some("2gbit"));
+        assert_eq!(split.of(LinkClass::Ethernet), Some("200mbit"));
+        let only = Rates::parse("eth=1gbit").unwrap();
+        assert_eq!(only.of(LinkClass::Thunderbolt), None);
+        assert!(
+            Rates::parse("wifi=1gbit")
+                .unwrap_err()
+                .contains("unknown link class")
+        );
+        assert!(Rates::parse("tb=fast").is_err());
+    }
+}
