@@ -12,8 +12,9 @@
 //! `tbf` qdisc on both ends of every link emulates its class's rate (Thunderbolt 4 carries
 //! about 20 Gbit/s of TCP).
 //!
-//! Every namespace name starts with [`PREFIX`] and the launcher's process id; namespaces left
-//! by a launcher that is no longer running (a crash, a `kill -9`) are removed at the next start.
+//! Every namespace name starts with [`PREFIX`], the launcher's process id and a number of its
+//! own; namespaces left by a launcher that is no longer running (a crash, a `kill -9`) are
+//! removed at the next start.
 
 mod cabling;
 
@@ -53,7 +54,10 @@ impl Topology {
         }
         let rates = rates.map(Rates::parse).transpose()?.unwrap_or_default();
         remove_leftovers();
-        let key = format!("{PREFIX}{}", std::process::id());
+        // The counter keeps apart the topologies one process builds side by side (tests).
+        static BUILT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let number = BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let key = format!("{PREFIX}{}-{number}", std::process::id());
         job::install_interrupt_handler();
         job::register_cleanup(&key, delete_job);
         let mut topology = Topology {
@@ -314,7 +318,7 @@ pub fn available_for_test(test: &str) -> bool {
     }
 }
 
-/// Deletes every namespace of the job whose names start with `key` (`rlxtc-PID`).
+/// Deletes every namespace of the job whose names start with `key` (`rlxtc-PID-N`).
 fn delete_job(key: &str) {
     for ns in list_namespaces() {
         if ns
