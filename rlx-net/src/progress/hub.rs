@@ -254,16 +254,19 @@ impl Hub {
                     return result.map(Some);
                 }
             }
-            let now = links.now();
-            if !holding && deadline.is_some_and(|d| now >= d) {
-                return Ok(match st.withdraw(from, id, buf.as_deref()) {
-                    Withdrawn::Finished(outcome) => Some(outcome),
-                    Withdrawn::Gone | Withdrawn::Moved { .. } => None,
-                });
-            }
+            // The reader role checks the deadline itself (`Links::drive`), so the clock is read
+            // here only on the way to sleep: a receive whose message is on its way reads it
+            // once less.
             let acquired = std::mem::take(&mut holding)
                 || (!is_self && !stalled && self.try_acquire(links, &mut st, from, id));
             if !acquired {
+                let now = links.now();
+                if deadline.is_some_and(|d| now >= d) {
+                    return Ok(match st.withdraw(from, id, buf.as_deref()) {
+                        Withdrawn::Finished(outcome) => Some(outcome),
+                        Withdrawn::Gone | Withdrawn::Moved { .. } => None,
+                    });
+                }
                 let wait = deadline.map_or(Duration::from_secs(3600), |d| d - now);
                 st = self.sleep(st, wait);
                 stalled = false;
