@@ -225,20 +225,13 @@ impl WorldConfig {
             );
         }
         if self.netns {
-            let plan = self.topology.plan(self.size)?;
-            if plan.star.is_none() {
-                return Err(format!(
-                    "--topology {}: without a switch the ranks reach each other only over their \
-                     cables, and the transports do not choose a peer's address by cable yet; \
-                     use --topology {}+star (the cables are laid, the traffic crosses the switch)",
-                    self.topology, self.topology
-                ));
-            }
+            self.topology.plan(self.size)?;
             if self.transport == TransportKind::Tb && self.topology.shape != netns::Shape::Star {
                 return Err(format!(
                     "--transport tb over --topology {}: the Thunderbolt transport meets and talks \
-                     over Thunderbolt links only, and the switch beside cables is Ethernet; \
-                     only --topology star (the Thunderbolt bridge) carries it for now",
+                     on the addresses of Thunderbolt links only, while over cables each rank is \
+                     reached at a routed address of its own (on lo); only --topology star (the \
+                     Thunderbolt bridge) carries it for now",
                     self.topology
                 ));
             }
@@ -270,8 +263,8 @@ impl World {
             None
         };
         let addresses: Vec<(String, u16)> = match &topology {
-            Some(_) => (0..config.size)
-                .map(|rank| (Topology::address_of(rank).to_string(), NETNS_PORT))
+            Some(topology) => (0..config.size)
+                .map(|rank| (topology.address_of(rank).to_string(), NETNS_PORT))
                 .collect(),
             None => job::free_ports(config.size as usize)?
                 .into_iter()
@@ -304,6 +297,11 @@ impl World {
             Some(topology) => topology.cut(rank, drop_all),
             None => Err("only a --netns world has links to cut".to_owned()),
         }
+    }
+
+    /// Where the other ranks reach `rank`, in `--netns` worlds.
+    pub fn address_of(&self, rank: u32) -> Option<std::net::Ipv4Addr> {
+        Some(self.topology.as_ref()?.address_of(rank))
     }
 
     /// The network namespace of `rank`, in `--netns` worlds.
@@ -369,8 +367,8 @@ impl World {
         if let Some(topology) = &self.topology {
             spec.netns = topology.namespace_of(index).map(str::to_owned);
             // Naming the switch's interface makes the advertised address the one every other
-            // rank can reach (a cable reaches one peer only).
-            if let Some(ifname) = topology.switch_ifname() {
+            // rank can reach.
+            if let Some(ifname) = topology.advertised_ifname() {
                 spec = spec.env("RLX_SOCKET_IFNAME", format!("={ifname}"));
             }
         }

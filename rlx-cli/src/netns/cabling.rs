@@ -422,6 +422,12 @@ mod tests {
     }
 
     #[test]
+    fn switch_addresses_are_in_one_subnet() {
+        assert_eq!(star_address(0).to_string(), "10.213.0.1");
+        assert_eq!(star_address(249).to_string(), "10.213.0.250");
+    }
+
+    #[test]
     fn rates_are_one_for_all_links_or_one_per_class() {
         let all = Rates::parse("20gbit").unwrap();
         assert_eq!(all.of(LinkClass::Thunderbolt), Some("20gbit"));

@@ -17,11 +17,13 @@
 //! removed at the next start.
 
 mod cabling;
+mod routes;
 
 use std::net::Ipv4Addr;
 use std::process::Command;
 
 pub use self::cabling::{Cable, Cabling, LinkClass, Plan, RankLink, Rates, Shape};
+pub use self::routes::{Route, identity_address};
 use crate::job;
 
 /// The prefix of every namespace this module creates.
@@ -82,8 +84,55 @@ impl Topology {
         for rank in 0..world {
             topology.plug_into_switch(rank, &rates)?;
         }
+        if !topology.plan.cables.is_empty() {
+            for rank in 0..world {
+                topology.route(rank)?;
+            }
+        }
         topology.wait_for_carrier()?;
         Ok(topology)
+    }
+
+    /// Gives `rank` its identity on `lo`, lets it forward for others, and routes every other
+    /// rank's identity through the first link of the cheapest path there (`routes.rs`).
+    fn route(&self, rank: u32) -> Result<(), String> {
+        let ns = self.ns(rank)?;
+        let identity = identity_address(rank);
+        ip(&[
+            "-n",
+            ns,
+            "addr",
+            "add",
+            &format!("{identity}/32"),
+            "dev",
+            "lo",
+        ])?;
+        run(Command::new("ip").args([
+            "netns",
+            "exec",
+            ns,
+            "sysctl",
+            "-q",
+            "-w",
+            "net.ipv4.ip_forward=1",
+        ]))?;
+        let world = self.ranks.len() as u32;
+        for route in self.plan.routes_of(rank, world) {
+            ip(&[
+                "-n",
+                ns,
+                "route",
+                "add",
+                &format!("{}/32", identity_address(route.to)),
+                "via",
+                &route.via.to_string(),
+                "dev",
+                &route.ifname,
+                "src",
+                &identity.to_string(),
+            ])?;
+        }
+        Ok(())
     }
 
     /// Waits until every link of every rank has its carrier: the kernel reports a veth's
@@ -178,14 +227,24 @@ impl Topology {
             .ok_or_else(|| format!("there is no namespace of rank {rank}"))
     }
 
-    /// The address of `rank` on the switch: where the others reach it.
-    pub fn address_of(rank: u32) -> Ipv4Addr {
-        cabling::star_address(rank)
+    /// Where the other ranks reach `rank`: its identity when there are cables (routed over
+    /// them), else its address on the switch.
+    pub fn address_of(&self, rank: u32) -> Ipv4Addr {
+        if self.plan.cables.is_empty() {
+            cabling::star_address(rank)
+        } else {
+            identity_address(rank)
+        }
     }
 
-    /// The switch's interface name inside every rank, when the cabling has a switch.
-    pub fn switch_ifname(&self) -> Option<&'static str> {
-        self.plan.star.map(|(ifname, _)| ifname)
+    /// The interface a rank must advertise its address on, when there is one: the switch's
+    /// when it is the only link; none when there are cables (the identity on `lo` is reached
+    /// by routes, and the route to rank 0's identity names it as the source).
+    pub fn advertised_ifname(&self) -> Option<&'static str> {
+        match self.plan.star {
+            Some((ifname, _)) if self.plan.cables.is_empty() => Some(ifname),
+            _ => None,
+        }
     }
 
     /// The cables and switch this topology was built from.
@@ -392,12 +451,6 @@ mod tests {
         assert!(burst_bytes("fast").is_err() && burst_bytes("20 furlongs").is_err());
     }
 
-    #[test]
-    fn switch_addresses_are_in_one_subnet() {
-        assert_eq!(Topology::address_of(0).to_string(), "10.213.0.1");
-        assert_eq!(Topology::address_of(249).to_string(), "10.213.0.250");
-    }
-
     /// What a TCP connection from `ns` to port 9 of `address` meets: `true` when the far
     /// kernel answers (refused: nothing listens there), `false` when there is no route.
     fn reaches(ns: &str, address: Ipv4Addr) -> bool {
@@ -418,6 +471,9 @@ mod tests {
         }
     }
 
+    /// Each cabling's links exist with their addresses and rates; a rank reaches a peer's
+    /// link address only over a cable they share (or the switch), and every peer's identity
+    /// through the routes.
     #[test]
     fn every_cabling_joins_exactly_the_cabled_pairs() {
         if !available_for_test("every_cabling_joins_exactly_the_cabled_pairs") {
@@ -453,6 +509,12 @@ mod tests {
                     );
                 }
                 for b in (0..4).filter(|b| *b != a) {
+                    // Every rank reaches every other's identity, through the ranks between
+                    // when there is no cable.
+                    assert!(
+                        reaches(ns, identity_address(b)),
+                        "{text}: rank {a} to rank {b}"
+                    );
                     for link in plan.links_of(b) {
                         let expected = link.peer.is_none_or(|peer| peer == a);
                         assert_eq!(

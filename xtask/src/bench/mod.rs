@@ -130,10 +130,14 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
             }
         }
     }
-    let iperf_path = match (world.namespace_of(0), world.namespace_of(1)) {
-        (Some(client), Some(server)) => IperfPath {
+    let iperf_path = match (
+        world.namespace_of(0),
+        world.namespace_of(1),
+        world.address_of(1),
+    ) {
+        (Some(client), Some(server), Some(address)) => IperfPath {
             namespaces: Some((client.to_owned(), server.to_owned())),
-            server: crate::netns::Topology::address_of(1).to_string(),
+            server: address.to_string(),
         },
         _ => IperfPath::loopback(),
     };
