@@ -249,6 +249,26 @@ pub(crate) fn cluster_runs() -> Result<Vec<(String, ClusterArgs)>, String> {
                 ..ClusterArgs::ci()
             },
         ));
+        for (topology, what) in [
+            ("chain", "a chain (the far ranks through the ranks between)"),
+            ("islands:2x2", "two islands of two joined by a switch"),
+        ] {
+            runs.push((
+                format!("4 TCP ranks in network namespaces cabled as {what}"),
+                ClusterArgs {
+                    ranks: 4,
+                    world: WorldArgs {
+                        links: LinkArgs {
+                            netns: true,
+                            topology: topology.parse()?,
+                            ..LinkArgs::default()
+                        },
+                        ..WorldArgs::tcp()
+                    },
+                    ..ClusterArgs::ci()
+                },
+            ));
+        }
         runs.push((
             "fault trials in network namespaces, 2 of each way to cut a link (the cable \
              pulled, every packet dropped)"
