@@ -164,8 +164,8 @@ pub struct LinkArgs {
     pub netns: bool,
     /// With --netns: how the ranks are cabled. star (one switch, links named thunderbolt0),
     /// mesh, ring or chain (a veth pair per cable, named thunderbolt0, thunderbolt1, ... on a
-    /// /30 each), any of these three with +star for a switch alongside (eth0), or islands:AxB
-    /// (A meshes of B ranks joined by a switch).
+    /// /30 each; chain:0-2-1-3 names the ranks in cable order), any of these three with +star
+    /// for a switch alongside (eth0), or islands:AxB (A meshes of B ranks joined by a switch).
     #[arg(long, requires = "netns", default_value_t = Cabling::default())]
     pub topology: Cabling,
     /// With --netns: a tbf rate limit on every link (e.g. 20gbit, Thunderbolt 4's TCP rate),
@@ -196,7 +196,7 @@ impl WorldArgs {
             rendezvous: self.links.rendezvous,
             timeout_ms,
             netns: self.links.netns,
-            topology: self.links.topology,
+            topology: self.links.topology.clone(),
             rate: self.links.rate.clone(),
         }
     }
@@ -256,7 +256,7 @@ impl World {
         let topology = if config.netns {
             Some(Topology::create(
                 config.size,
-                config.topology,
+                &config.topology,
                 config.rate.as_deref(),
             )?)
         } else {

@@ -37,12 +37,15 @@ pub enum Shape {
 
 /// What `--topology` describes: a shape of cables, and whether a switch joins every rank
 /// besides (the Ethernet a Mac has next to its Thunderbolt cables).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cabling {
     /// The cables.
     pub shape: Shape,
     /// Whether every rank is also on a switch (always, for a star and for islands).
     pub with_star: bool,
+    /// For a chain or a ring, the ranks in the order the cables join them, when not 0, 1, 2,
+    /// ... (`chain:0-2-1-3`: ranks numbered against the cabling).
+    pub order: Option<Vec<u32>>,
 }
 
 impl Default for Cabling {
@@ -50,6 +53,7 @@ impl Default for Cabling {
         Cabling {
             shape: Shape::Star,
             with_star: true,
+            order: None,
         }
     }
 }
@@ -58,11 +62,16 @@ impl FromStr for Cabling {
     type Err = String;
 
     /// `star`, `mesh`, `ring`, `chain` (each of the last three with `+star` for a switch
-    /// alongside), or `islands:AxB` (A meshes of B ranks joined by a switch).
+    /// alongside; a ring or a chain optionally with the order of its ranks, `chain:0-2-1-3`),
+    /// or `islands:AxB` (A meshes of B ranks joined by a switch).
     fn from_str(text: &str) -> Result<Self, String> {
         let (shape, alongside) = match text.strip_suffix("+star") {
             Some(shape) => (shape, true),
             None => (text, false),
+        };
+        let (shape, order) = match shape.split_once(':') {
+            Some((kind @ ("chain" | "ring"), order)) => (kind, Some(rank_order(order, text)?)),
+            _ => (shape, None),
         };
         let shape = match shape {
             "star" => Shape::Star,
@@ -74,7 +83,8 @@ impl FromStr for Cabling {
                 None => {
                     return Err(format!(
                         "--topology {text:?}: expected star, mesh, ring, chain (each but star \
-                         optionally +star) or islands:AxB"
+                         optionally +star; ring and chain optionally :0-2-1-3, the ranks in \
+                         cable order) or islands:AxB"
                     ));
                 }
             },
@@ -85,8 +95,23 @@ impl FromStr for Cabling {
             ));
         }
         let with_star = alongside || matches!(shape, Shape::Star | Shape::Islands { .. });
-        Ok(Cabling { shape, with_star })
+        Ok(Cabling {
+            shape,
+            with_star,
+            order,
+        })
     }
+}
+
+/// The `0-2-1-3` of `chain:0-2-1-3`.
+fn rank_order(order: &str, text: &str) -> Result<Vec<u32>, String> {
+    order
+        .split('-')
+        .map(|rank| rank.trim().parse::<u32>())
+        .collect::<Result<Vec<u32>, _>>()
+        .map_err(|_| {
+            format!("--topology {text:?}: the order is ranks joined by '-', as chain:0-2-1-3")
+        })
 }
 
 /// The `AxB` of `islands:AxB`.
@@ -110,6 +135,10 @@ impl fmt::Display for Cabling {
             Shape::Mesh => f.write_str("mesh")?,
             Shape::Ring => f.write_str("ring")?,
             Shape::Chain => f.write_str("chain")?,
+        }
+        if let Some(order) = &self.order {
+            let ranks: Vec<String> = order.iter().map(u32::to_string).collect();
+            write!(f, ":{}", ranks.join("-"))?;
         }
         if self.with_star {
             f.write_str("+star")
@@ -192,12 +221,13 @@ impl Cabling {
         let pairs: Vec<[u32; 2]> = match self.shape {
             Shape::Star => Vec::new(),
             Shape::Mesh => mesh(0..world),
-            Shape::Chain => (1..world).map(|b| [b - 1, b]).collect(),
+            Shape::Chain => along(&self.cable_order(world)?),
             Shape::Ring => {
-                let mut pairs: Vec<[u32; 2]> = (1..world).map(|b| [b - 1, b]).collect();
+                let order = self.cable_order(world)?;
+                let mut pairs = along(&order);
                 // A ring of two is one cable, as a chain of two; of one, none.
-                if world > 2 {
-                    pairs.push([0, world - 1]);
+                if let (true, Some(first), Some(last)) = (world > 2, order.first(), order.last()) {
+                    pairs.push([*first.min(last), *first.max(last)]);
                 }
                 pairs
             }
@@ -228,6 +258,33 @@ impl Cabling {
         });
         Ok(Plan { cables, star })
     }
+}
+
+impl Cabling {
+    /// The ranks of a chain or a ring in cable order: the order given, which must name every
+    /// rank of `world` once, or 0, 1, 2, ...
+    fn cable_order(&self, world: u32) -> Result<Vec<u32>, String> {
+        let Some(order) = &self.order else {
+            return Ok((0..world).collect());
+        };
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        if sorted != (0..world).collect::<Vec<u32>>() {
+            return Err(format!(
+                "--topology {self} must name each of the {world} ranks 0 to {} once",
+                world.saturating_sub(1)
+            ));
+        }
+        Ok(order.clone())
+    }
+}
+
+/// A cable between each two ranks next to each other in `order`, the lower rank first.
+fn along(order: &[u32]) -> Vec<[u32; 2]> {
+    order
+        .windows(2)
+        .map(|pair| [pair[0].min(pair[1]), pair[0].max(pair[1])])
+        .collect()
 }
 
 /// A cable between every pair of `ranks`.
@@ -344,6 +401,11 @@ mod tests {
         assert_eq!(pairs(&plan("ring", 2)), [[0, 1]]);
         assert_eq!(pairs(&plan("chain", 4)), [[0, 1], [1, 2], [2, 3]]);
         assert_eq!(pairs(&plan("islands:2x2", 4)), [[0, 1], [2, 3]]);
+        assert_eq!(pairs(&plan("chain:0-2-1-3", 4)), [[0, 2], [1, 2], [1, 3]]);
+        assert_eq!(
+            pairs(&plan("ring:3-1-0-2", 4)),
+            [[1, 3], [0, 1], [0, 2], [2, 3]]
+        );
         assert_eq!(plan("mesh", 8).cables.len(), 28);
         assert_eq!(plan("mesh", 1).cables.len(), 0);
     }
@@ -363,7 +425,14 @@ mod tests {
             plan("islands:2x3", 6).star,
             Some(("eth0", LinkClass::Ethernet))
         );
-        for text in ["star", "mesh", "ring+star", "chain+star", "islands:3x1"] {
+        for text in [
+            "star",
+            "mesh",
+            "ring+star",
+            "chain+star",
+            "islands:3x1",
+            "chain:1-0+star",
+        ] {
             assert_eq!(text.parse::<Cabling>().unwrap().to_string(), text);
         }
     }
@@ -409,6 +478,14 @@ mod tests {
         }
         let error = plan_error("islands:2x2", 5);
         assert!(error.contains("2 × 2 ranks, not the 5"), "{error}");
+        let error = plan_error("chain:0-1-1", 3);
+        assert!(error.contains("each of the 3 ranks 0 to 2 once"), "{error}");
+        assert!(
+            "chain:0-x"
+                .parse::<Cabling>()
+                .unwrap_err()
+                .contains("joined by '-'")
+        );
         let error = plan_error("mesh", 250);
         assert!(error.contains("31125 cables"), "{error}");
     }

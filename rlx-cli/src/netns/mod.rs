@@ -47,7 +47,7 @@ pub struct Topology {
 impl Topology {
     /// Creates `world` rank namespaces cabled as `cabling` says, with the `tbf` rates of
     /// `rates` (`--rate`: `"20gbit"`, or `"tb=2gbit,eth=200mbit"`) on both ends of each link.
-    pub fn create(world: u32, cabling: Cabling, rates: Option<&str>) -> Result<Topology, String> {
+    pub fn create(world: u32, cabling: &Cabling, rates: Option<&str>) -> Result<Topology, String> {
         let plan = cabling.plan(world)?;
         if plan.star.is_some() && world > MAX_SWITCH_RANKS {
             return Err(format!(
@@ -481,7 +481,7 @@ mod tests {
         }
         for text in ["mesh", "ring", "chain+star", "islands:2x2"] {
             let cabling: Cabling = text.parse().unwrap();
-            let topology = Topology::create(4, cabling, Some("tb=1gbit,eth=100mbit")).unwrap();
+            let topology = Topology::create(4, &cabling, Some("tb=1gbit,eth=100mbit")).unwrap();
             let plan = topology.plan().clone();
             for a in 0..4 {
                 let ns = topology.namespace_of(a).unwrap();

@@ -180,6 +180,24 @@ mod tests {
     }
 
     #[test]
+    fn ranks_numbered_against_the_cabling_route_along_the_cables() {
+        // The chain 0-2-1-3: rank 0's one cable goes to rank 2, which forwards to 1 and 3.
+        let plan = "chain:0-2-1-3".parse::<Cabling>().unwrap().plan(4).unwrap();
+        let routes = plan.routes_of(0, 4);
+        assert!(routes.iter().all(|r| r.ifname == "thunderbolt0"));
+        assert!(routes.iter().all(|r| r.via.to_string() == "10.214.0.2"));
+        let from_one: Vec<(u32, String)> = plan
+            .routes_of(1, 4)
+            .into_iter()
+            .map(|r| (r.to, r.ifname))
+            .collect();
+        assert_eq!(
+            from_one,
+            named(&[(0, "thunderbolt0"), (2, "thunderbolt0"), (3, "thunderbolt1")])
+        );
+    }
+
+    #[test]
     fn islands_meet_over_the_switch() {
         assert_eq!(
             routes("islands:2x2", 4, 2),
