@@ -193,7 +193,11 @@ mod tests {
             .collect();
         assert_eq!(
             from_one,
-            named(&[(0, "thunderbolt0"), (2, "thunderbolt0"), (3, "thunderbolt1")])
+            named(&[
+                (0, "thunderbolt0"),
+                (2, "thunderbolt0"),
+                (3, "thunderbolt1")
+            ])
         );
     }
 
