@@ -106,6 +106,7 @@ mod length_census;
 mod op;
 mod reduce;
 mod reduce_scatter;
+mod ring_order;
 mod scatter;
 mod scratch;
 pub mod select;
@@ -126,8 +127,9 @@ pub use handle::{AllReduceHandle, CollectiveHandle};
 pub use init::{BACKEND_VAR, compiled_backends, init, join};
 pub use rlx_transport::{
     Admission, CollectiveError, DEFAULT_OP_TIMEOUT, DType, Delegate, Element, FAILURE_WIRE_LEN,
-    Failure, FatalCause, Inbox, MemJoiner, MemTransport, NativeCollectives, NativeOp, ReduceKind,
-    Result, TAG_RESERVED_BASE, TRANSPORT_GROUP, Tag, Transport, Waiter, negotiate_reduce_dtype,
+    Failure, FatalCause, Inbox, MemJoiner, MemTransport, NativeCollectives, NativeOp, Reach,
+    ReduceKind, Result, TAG_RESERVED_BASE, TRANSPORT_GROUP, Tag, Topology, Transport, Waiter,
+    negotiate_reduce_dtype, topology,
 };
 pub use select::{Algorithm, CollectiveOp};
 

@@ -17,6 +17,7 @@ use crate::all_reduce::one_sided::region::OneSided;
 use crate::flight::FlightRecorder;
 use crate::health::{FailureScope, Health, NOTICE_SLICE, Watch, slice_for};
 use crate::length_census::{self, CENSUS_WINDOW};
+use crate::ring_order::{RingOrder, RingSeat};
 use crate::select::{Algorithm, CollectiveOp, Settings};
 use crate::wait_chain::{ANSWER_PHASE, Doing};
 use crate::{CollectiveError, DType, Failure, NativeCollectives, Result, Tag, Transport};
@@ -76,6 +77,7 @@ pub(crate) struct OpCtx<'a> {
     watch: Watch<'a>,
     one_sided: &'a OneSided,
     flight: &'a FlightRecorder,
+    ring_order: &'a RingOrder,
 }
 
 /// What [`OpCtx::new`] needs besides the group's transport, members, health and one-sided
@@ -109,14 +111,15 @@ impl OpId {
 }
 
 impl<'a> OpCtx<'a> {
-    /// The context of operation `id` of the group with `members`, `health` and `one_sided`
-    /// state, on `transport`.
+    /// The context of operation `id` of the group with `members`, `health`, `one_sided`
+    /// state and `ring_order`, on `transport`.
     pub(crate) fn new(
         transport: &'a dyn Transport,
         members: &'a [u32],
         health: &'a Health,
         one_sided: &'a OneSided,
         flight: &'a FlightRecorder,
+        ring_order: &'a RingOrder,
         id: OpId,
     ) -> Self {
         OpCtx {
@@ -138,7 +141,25 @@ impl<'a> OpCtx<'a> {
             ),
             one_sided,
             flight,
+            ring_order,
         }
+    }
+
+    /// This rank's seat in a ring of the group run by `algorithm`: in rank order for
+    /// [`Algorithm::RankOrderRing`], in the group's ring order otherwise.
+    pub(crate) fn ring_seat(&self, algorithm: Algorithm) -> RingSeat<'a> {
+        let order = (algorithm != Algorithm::RankOrderRing).then_some(self.ring_order);
+        RingSeat::new(order, self.members.len(), self.rank)
+    }
+
+    /// Records that a ring in `seat`'s order runs the operation, saying when that order is not
+    /// rank order.
+    pub(crate) fn record_ring(&self, seat: &RingSeat<'_>) {
+        self.record_algorithm(if seat.is_rank_order() {
+            "ring"
+        } else {
+            "ring in cable order"
+        });
     }
 
     /// The same operation on another phase (a second channel, e.g. the result of a federated

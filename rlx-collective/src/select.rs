@@ -118,10 +118,16 @@ impl CollectiveOp {
             CollectiveOp::AllReduce => &[
                 Algorithm::Auto,
                 Algorithm::Ring,
+                Algorithm::RankOrderRing,
                 Algorithm::RecursiveDoubling,
                 Algorithm::OneSidedRing,
             ],
-            CollectiveOp::AllGather => &[Algorithm::Auto, Algorithm::Ring, Algorithm::Bruck],
+            CollectiveOp::AllGather => &[
+                Algorithm::Auto,
+                Algorithm::Ring,
+                Algorithm::RankOrderRing,
+                Algorithm::Bruck,
+            ],
             CollectiveOp::Broadcast => &[
                 Algorithm::Auto,
                 Algorithm::BinomialTree,
@@ -145,8 +151,13 @@ pub enum Algorithm {
     /// Choose by size and world size (the default).
     #[default]
     Auto,
-    /// Segmented ring: reduce-scatter then all-gather (all-reduce), or ring all-gather.
+    /// Segmented ring: reduce-scatter then all-gather (all-reduce), or ring all-gather, in
+    /// the group's ring order, which follows the cables when the link matrix shows them (see
+    /// [`ProcessGroup::ring_order`](crate::ProcessGroup::ring_order)).
     Ring,
+    /// The segmented ring in rank order whatever the cabling: what [`Algorithm::Ring`] was
+    /// before rings followed the cables, kept to compare with it.
+    RankOrderRing,
     /// Recursive doubling with the non-power-of-two fold (all-reduce).
     RecursiveDoubling,
     /// Bruck's ⌈log2 n⌉-step all-gather.
@@ -171,6 +182,7 @@ impl Algorithm {
         match self {
             Algorithm::Auto => "auto",
             Algorithm::Ring => "ring",
+            Algorithm::RankOrderRing => "rank_order_ring",
             Algorithm::RecursiveDoubling => "recursive_doubling",
             Algorithm::Bruck => "bruck",
             Algorithm::BinomialTree => "binomial_tree",

@@ -28,8 +28,9 @@ pub(crate) const MAGIC: [u8; 8] = *b"RLXTCP\r\n";
 /// 5: a single-copy frame's descriptor names a bounce file and the bounced length (112 bytes
 /// instead of 88). 6: an offer names a shared-memory lane (56 bytes instead of 40), and link 0
 /// may switch to it (frame kind 7). 7: a failure notice is 25 bytes instead of 17 (a length
-/// mismatch says what its sender passed).
-pub(crate) const PROTOCOL_VERSION: u32 = 7;
+/// mismatch says what its sender passed). 8: a store registration and the store's table list
+/// each rank's networks after its addresses.
+pub(crate) const PROTOCOL_VERSION: u32 = 8;
 /// Encoded size of a [`Hello`].
 pub(crate) const HELLO_LEN: usize = 72;
 /// Encoded size of a [`Reply`] without its reason text.

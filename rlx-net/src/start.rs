@@ -42,6 +42,7 @@ impl TcpTransportBuilder {
             socket_setup: self.socket_setup,
         };
         let established = bootstrap::establish(&cfg)?;
+        let topology = established.topology;
         let peers = established
             .links
             .into_iter()
@@ -64,7 +65,9 @@ impl TcpTransportBuilder {
         } else {
             None
         };
-        Ok(TcpTransport::running(rank, world, engine, watcher, config))
+        Ok(TcpTransport::running(
+            rank, world, engine, watcher, config, topology,
+        ))
     }
 
     /// This rank, the world size and the sockets per peer, checked: the world from the builder

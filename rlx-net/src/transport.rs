@@ -5,7 +5,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use rlx_transport::{CollectiveError, Failure, LaunchEnv, Result, Tag, Transport};
+use rlx_transport::{CollectiveError, Failure, LaunchEnv, Result, Tag, Topology, Transport};
 
 use crate::builder::TcpTransportBuilder;
 use crate::frame::FrameKind;
@@ -51,6 +51,8 @@ pub struct TcpTransport {
     /// How this transport was built, for the transports of grown worlds (see
     /// [`crate::admission`]).
     pub(crate) config: TcpTransportBuilder,
+    /// The link matrix of the world joined at start (see [`Transport::topology`]).
+    topology: Option<Topology>,
 }
 
 impl fmt::Debug for TcpTransport {
@@ -66,13 +68,15 @@ impl fmt::Debug for TcpTransport {
 
 impl TcpTransport {
     /// The transport of a started `engine` (see [`TcpTransportBuilder::build`]), whose
-    /// background thread is `watcher` (none in a world of one).
+    /// background thread is `watcher` (none in a world of one), with the link matrix
+    /// bootstrap worked out.
     pub(crate) fn running(
         rank: u32,
         world: u32,
         engine: Arc<Engine>,
         watcher: Option<thread::JoinHandle<()>>,
         config: TcpTransportBuilder,
+        topology: Option<Topology>,
     ) -> Self {
         Self {
             rank,
@@ -80,6 +84,7 @@ impl TcpTransport {
             engine,
             watcher,
             config,
+            topology,
         }
     }
 
@@ -210,6 +215,10 @@ impl Transport for TcpTransport {
 
     fn segment_hint(&self, members: &[u32]) -> Option<usize> {
         self.engine.segment_hint(members)
+    }
+
+    fn topology(&self) -> Option<Topology> {
+        self.topology.clone()
     }
 
     fn send_recv_into(

@@ -68,6 +68,19 @@ fn read_registration(stream: &mut impl Read) {
         };
         stream.read_exact(&mut vec![0u8; rest]).expect("an address");
     }
+    // Then the networks: their count, and each as a family, an address and a prefix length.
+    let mut count = [0u8; 1];
+    stream.read_exact(&mut count).expect("a count of networks");
+    for _ in 0..count[0] {
+        let mut family = [0u8; 1];
+        stream.read_exact(&mut family).expect("a network family");
+        let rest = match family[0] {
+            4 => 4 + 1,
+            6 => 16 + 1,
+            other => panic!("network family {other}"),
+        };
+        stream.read_exact(&mut vec![0u8; rest]).expect("a network");
+    }
 }
 
 #[test]

@@ -51,7 +51,8 @@ const REPLY_LEN: u64 = 74;
 /// on purpose (thread stacks, socket bookkeeping, the allocator's slack).
 const RSS_SLACK_KIB: u64 = 16 << 10;
 
-/// A store registration of `rank` in a world of `world`, claiming the address `addr`.
+/// A store registration of `rank` in a world of `world`, claiming the address `addr` (and no
+/// network).
 fn registration(job: &str, world: u32, rank: u32, secret: bool, addr: ([u8; 4], u16)) -> Vec<u8> {
     let mut out = b"RLXSTOR\n".to_vec();
     out.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
@@ -65,6 +66,7 @@ fn registration(job: &str, world: u32, rank: u32, secret: bool, addr: ([u8; 4], 
     out.push(4);
     out.extend_from_slice(&addr.0);
     out.extend_from_slice(&addr.1.to_le_bytes());
+    out.push(0);
     out
 }
 
@@ -341,9 +343,13 @@ fn malformed_registrations_are_refused_while_the_job_completes() {
         "RLX_JOB_SECRET is set on this rank",
     );
     let mut too_many = registration(JOB, 3, 2, false, fake);
-    let at = too_many.len() - 8;
+    // The address count, before one IPv4 address (7 bytes) and the count of networks.
+    let at = too_many.len() - 9;
     too_many[at] = 200;
     refused(&too_many, "200 addresses");
+    let mut too_many = registration(JOB, 3, 2, false, fake);
+    *too_many.last_mut().expect("the count of networks") = 200;
+    refused(&too_many, "200 networks");
     // A registration cut short and closed: the store answers (the rank might still read) and
     // closes.
     let (status, reason) =

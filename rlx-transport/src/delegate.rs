@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use crate::transport::SymmetricOps;
-use crate::{Admission, Failure, NativeCollectives, Result, Tag, Traffic, Transport};
+use crate::{Admission, Failure, NativeCollectives, Result, Tag, Topology, Traffic, Transport};
 
 /// A transport that wraps [`inner`](Delegate::inner) and forwards every [`Transport`] method
 /// to it, except those it overrides here (each with the meaning of the [`Transport`] method
@@ -97,6 +97,10 @@ pub trait Delegate: Send + Sync {
 
     fn segment_hint(&self, members: &[u32]) -> Option<usize> {
         self.inner().segment_hint(members)
+    }
+
+    fn topology(&self) -> Option<Topology> {
+        self.inner().topology()
     }
 
     fn unreceived_from(&self, from: u32) -> Vec<(Tag, u64)> {
@@ -231,6 +235,10 @@ impl<D: Delegate> Transport for D {
 
     fn segment_hint(&self, members: &[u32]) -> Option<usize> {
         Delegate::segment_hint(self, members)
+    }
+
+    fn topology(&self) -> Option<Topology> {
+        Delegate::topology(self)
     }
 
     fn unreceived_from(&self, from: u32) -> Vec<(Tag, u64)> {

@@ -27,6 +27,10 @@ pub struct InterfaceAddress {
     pub up: bool,
     /// `IFF_RUNNING`: the link has carrier.
     pub running: bool,
+    /// The length of the address's network prefix, from its netmask (`24` for a
+    /// `255.255.255.0`); `None` without an address or a netmask. Two hosts with addresses in
+    /// one network of this length share a link (a cable or a switch) without a router.
+    pub prefix: Option<u8>,
 }
 
 impl InterfaceAddress {
@@ -120,11 +124,17 @@ mod os {
                                 _ => None,
                             }
                         };
+                        let prefix = if addr.is_some() && !entry.ifa_netmask.is_null() {
+                            prefix_of(entry.ifa_netmask)
+                        } else {
+                            None
+                        };
                         out.push(InterfaceAddress {
                             name: CStr::from_ptr(entry.ifa_name)
                                 .to_string_lossy()
                                 .into_owned(),
                             addr,
+                            prefix,
                             up: has_flag(entry.ifa_flags.into(), libc::IFF_UP),
                             running: has_flag(entry.ifa_flags.into(), libc::IFF_RUNNING),
                         });
@@ -142,6 +152,31 @@ mod os {
                 source: io::Error::new(source.kind(), format!("getifaddrs: {source}")),
             }),
         }
+    }
+
+    /// The prefix length of a netmask: its leading one bits, for an IPv4 or IPv6 mask.
+    ///
+    /// # Safety
+    ///
+    /// `mask` points at a `sockaddr` at least as large as the structure its `sa_family`
+    /// names, as `getifaddrs` lists them.
+    unsafe fn prefix_of(mask: *const libc::sockaddr) -> Option<u8> {
+        // SAFETY: the caller vouches for `mask`; the family is read first and selects the one
+        // structure read, unaligned as in `addresses`.
+        let bits = unsafe {
+            match i32::from((&raw const (*mask).sa_family).read_unaligned()) {
+                libc::AF_INET => {
+                    u32::from(ipv4(&mask.cast::<libc::sockaddr_in>().read_unaligned()))
+                        .leading_ones()
+                }
+                libc::AF_INET6 => {
+                    u128::from(ipv6(&mask.cast::<libc::sockaddr_in6>().read_unaligned()))
+                        .leading_ones()
+                }
+                _ => return None,
+            }
+        };
+        u8::try_from(bits).ok()
     }
 
     /// The IPv4 address of a `sockaddr_in` (stored in network byte order).
@@ -192,5 +227,6 @@ mod tests {
             .unwrap_or_else(|| panic!("no entry has 127.0.0.1: {entries:?}"));
         assert!(loopback.name.starts_with("lo"), "{loopback:?}");
         assert!(loopback.is_up_and_running(), "{loopback:?}");
+        assert_eq!(loopback.prefix, Some(8), "{loopback:?}");
     }
 }

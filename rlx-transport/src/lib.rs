@@ -53,6 +53,7 @@ pub mod ports;
 pub mod symmetric;
 mod sync;
 mod tag;
+pub mod topology;
 mod transport;
 
 pub use admission::{Admission, PendingJoiner};
@@ -66,6 +67,7 @@ pub use inbox::Inbox;
 pub use mem::{MemJoiner, MemTransport};
 pub use symmetric::{Region, Symmetric, SymmetricTransport};
 pub use tag::{EXCLUSION_TAG, TAG_RESERVED_BASE, TRANSPORT_GROUP, Tag};
+pub use topology::{Reach, Topology};
 pub use transport::{
     DEFAULT_OP_TIMEOUT, MAX_SEGMENT_HINT, NativeCollectives, NativeOp, Traffic, Transport,
 };

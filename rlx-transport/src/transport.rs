@@ -9,7 +9,7 @@ use crate::Failure;
 use crate::admission::Admission;
 use crate::error::FatalCause;
 use crate::symmetric::{Cmp, Completion, Region, Signal, SymmetricHeap, SymmetricTransport};
-use crate::{CollectiveError, DType, ReduceKind, Result, TRANSPORT_GROUP, Tag};
+use crate::{CollectiveError, DType, ReduceKind, Result, TRANSPORT_GROUP, Tag, Topology};
 
 /// The default operation timeout: how long a blocking receive waits before it fails with
 /// [`CollectiveError::Timeout`] (300 s, long enough for a slow first step of a large model;
@@ -175,6 +175,14 @@ pub trait Transport: Send + Sync {
     /// says so here. Hints above [`MAX_SEGMENT_HINT`] count as that.
     fn segment_hint(&self, members: &[u32]) -> Option<usize> {
         let _ = members;
+        None
+    }
+
+    /// The link matrix of the world this transport joined (see [`Topology`]): which ranks a
+    /// cable joins, which a switch, which only a route. Every rank's transport must give the
+    /// same matrix, as plans made from it must agree. `None` (the default) when the transport
+    /// does not know, or no longer knows (a world that grew).
+    fn topology(&self) -> Option<Topology> {
         None
     }
 

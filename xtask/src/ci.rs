@@ -250,7 +250,11 @@ pub(crate) fn cluster_runs() -> Result<Vec<(String, ClusterArgs)>, String> {
             },
         ));
         for (topology, what) in [
-            ("chain", "a chain (the far ranks through the ranks between)"),
+            (
+                "chain:0-2-1-3",
+                "a chain numbered against its cables (the far ranks through the ranks \
+                 between; the rings must follow the cables)",
+            ),
             ("islands:2x2", "two islands of two joined by a switch"),
         ] {
             runs.push((

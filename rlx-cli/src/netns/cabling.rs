@@ -216,6 +216,13 @@ pub(super) const STAR_IFNAME: &str = "thunderbolt0";
 pub(super) const ETHERNET_IFNAME: &str = "eth0";
 
 impl Cabling {
+    /// How many hops of a ring through every rank must cross other machines on this cabling,
+    /// whatever the numbering: one for a chain without a switch (the hop that closes it), none
+    /// for every other shape. A ring order that follows the cables crosses no more.
+    pub fn routed_ring_hops(&self) -> usize {
+        usize::from(self.shape == Shape::Chain && !self.with_star)
+    }
+
     /// The cables and switch of this cabling for `world` ranks.
     pub fn plan(&self, world: u32) -> Result<Plan, String> {
         let pairs: Vec<[u32; 2]> = match self.shape {

@@ -35,14 +35,16 @@ pub(crate) fn run(ctx: &OpCtx<'_>, local: &[u8], out: &mut [u8], dtype: DType) -
     ctx.record_algorithm(algorithm.name());
     match algorithm {
         Algorithm::Bruck => bruck::run(ctx, local, out)?,
-        Algorithm::Ring => {
+        Algorithm::Ring | Algorithm::RankOrderRing => {
+            let seat = ctx.ring_seat(algorithm);
+            ctx.record_ring(&seat);
             let esize = dtype.size();
             let blocks = Blocks::Equal {
                 len: local.len() / esize,
             };
             out[layout::bytes(blocks.block(ctx.rank as usize), esize)].copy_from_slice(local);
             let segment_bytes = ctx.segment_bytes(total, esize);
-            ring::run(ctx, out, esize, blocks, segment_bytes)?;
+            ring::run(ctx, seat, out, esize, blocks, segment_bytes)?;
         }
         other => {
             return Err(CollectiveError::invalid(format!(

@@ -44,9 +44,11 @@ pub(crate) fn run(
     ctx.record_algorithm(algorithm.name());
     match algorithm {
         Algorithm::RecursiveDoubling => recursive_doubling::run(ctx, data, dtype, reduce),
-        Algorithm::Ring => {
+        Algorithm::Ring | Algorithm::RankOrderRing => {
+            let seat = ctx.ring_seat(algorithm);
+            ctx.record_ring(&seat);
             let segment_bytes = ctx.segment_bytes(data.len(), dtype.size());
-            ring::run(ctx, data, dtype, reduce, segment_bytes)
+            ring::run(ctx, seat, data, dtype, reduce, segment_bytes)
         }
         Algorithm::OneSidedRing => {
             let prepared = match prepared {

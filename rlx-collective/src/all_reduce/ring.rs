@@ -6,21 +6,23 @@
 
 use crate::layout::Blocks;
 use crate::op::OpCtx;
+use crate::ring_order::RingSeat;
 use crate::{DType, ReduceKind, Result};
 
-/// All-reduces `data` in place over at least two ranks.
+/// All-reduces `data` in place over at least two ranks, around the ring of `seat`.
 pub(crate) fn run(
     ctx: &OpCtx<'_>,
+    seat: RingSeat<'_>,
     data: &mut [u8],
     dtype: DType,
     reduce: ReduceKind,
     segment_bytes: usize,
 ) -> Result<()> {
     let in_place = crate::reduce_scatter::ring::Data::InPlace(&mut *data);
-    crate::reduce_scatter::ring::run(ctx, in_place, dtype, reduce, segment_bytes)?;
+    crate::reduce_scatter::ring::run(ctx, seat, in_place, dtype, reduce, segment_bytes)?;
     let blocks = Blocks::Balanced {
         count: data.len() / dtype.size(),
         parts: ctx.size() as usize,
     };
-    crate::all_gather::ring::run(ctx, data, dtype.size(), blocks, segment_bytes)
+    crate::all_gather::ring::run(ctx, seat, data, dtype.size(), blocks, segment_bytes)
 }

@@ -158,6 +158,7 @@ impl ProcessGroup {
             &shared.health,
             &shared.one_sided,
             &shared.flight,
+            &shared.ring_order,
             id,
         )
     }

@@ -35,10 +35,30 @@ use crate::flight::{DEFAULT_FLIGHT_ENTRIES, FlightEntry, FlightRecorder};
 use crate::health::Health;
 use crate::issue_order::IssueOrder;
 use crate::op::OpKind;
+use crate::ring_order::RingOrder;
 use crate::select::{Algorithm, CollectiveOp, Settings};
 use crate::split::{self, GroupIds, Record};
-use crate::{CollectiveError, DType, Result, Transport};
+use crate::{CollectiveError, DType, Result, Topology, Transport};
 use worker::Worker;
+
+/// The ring order of a new group of `members` on `transport`, said at `info` when it is not
+/// rank order (the group's rings then follow the cables).
+fn plan_rings(transport: &dyn Transport, members: &[u32], group_id: u16) -> RingOrder {
+    let size = members.len() as u32;
+    let topology = transport.topology().and_then(|t| t.restricted(members));
+    let order = RingOrder::following(topology.as_ref(), size);
+    if let Some(topology) = topology.filter(|_| !order.is_rank_order()) {
+        let routed = order.routed_hops(&topology);
+        tracing::info!(
+            group = group_id,
+            ring = %order,
+            rank_order_routed_hops = RingOrder::ranks(size).routed_hops(&topology).len(),
+            routed_hops = routed.len(),
+            "rings follow the cables: ring order {order}"
+        );
+    }
+    order
+}
 
 /// The group id of the world group every family starts from.
 pub const WORLD_GROUP_ID: u16 = 1;
@@ -122,6 +142,8 @@ struct Shared {
     worker: Worker,
     /// The recent operations, for diagnosis.
     flight: FlightRecorder,
+    /// Where each member sits around the rings, from the link matrix.
+    ring_order: RingOrder,
 }
 
 impl Drop for Shared {
@@ -178,6 +200,7 @@ impl ProcessGroup {
     ) -> ProcessGroup {
         let transport_has_native = transport.native_collectives().is_some();
         let world_rank = members.get(rank as usize).copied().unwrap_or(rank);
+        let ring_order = plan_rings(transport.as_ref(), &members, group_id);
         ProcessGroup {
             shared: Arc::new(Shared {
                 transport,
@@ -196,6 +219,7 @@ impl ProcessGroup {
                 health: Health::default(),
                 worker: Worker::default(),
                 flight: FlightRecorder::new(group_id, world_rank, DEFAULT_FLIGHT_ENTRIES),
+                ring_order,
             }),
         }
     }
@@ -287,6 +311,34 @@ impl ProcessGroup {
     /// See the example of [`ProcessGroup::rank`].
     pub fn members(&self) -> &[u32] {
         &self.shared.members
+    }
+
+    /// The link matrix of this group's members, indexed by group rank: which of them a cable
+    /// joins, which a switch, which only a route through other machines, and the addresses
+    /// at each end. `None` when the transport does not know (threads, MLX, a hostfile
+    /// rendezvous, a world that grew).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use rlx_collective::{MemTransport, ProcessGroup, Transport};
+    ///
+    /// let t: Arc<dyn Transport> = MemTransport::fan_out(1).remove(0);
+    /// assert!(ProcessGroup::new(t).topology().is_none());
+    /// ```
+    pub fn topology(&self) -> Option<Topology> {
+        self.shared
+            .transport
+            .topology()?
+            .restricted(&self.shared.members)
+    }
+
+    /// The group ranks in the order the group's rings visit them (`[0, 2, 1, 3]` on a chain
+    /// cabled 0-2-1-3): rank order unless the link matrix shows a cheaper ring (see
+    /// [`ProcessGroup::topology`]). [`Algorithm::RankOrderRing`] rings in rank order instead.
+    pub fn ring_order(&self) -> &[u32] {
+        self.shared.ring_order.ranks_in_order()
     }
 
     /// Forces `algorithm` for `op` on this group (and its clones) from the next issued

@@ -5,6 +5,7 @@ pub(crate) mod ring;
 
 use crate::layout::{self, Blocks};
 use crate::op::OpCtx;
+use crate::select::Algorithm;
 use crate::{CollectiveError, DType, NativeOp, ReduceKind, Result, kernels};
 
 /// Bytes of this rank's block of the result of reducing `input_len` bytes of `dtype` over
@@ -52,8 +53,9 @@ pub(crate) fn run(
             return native.reduce_scatter(input, out, dtype, reduce);
         }
     }
-    ctx.record_algorithm("ring");
+    let seat = ctx.ring_seat(Algorithm::Ring);
+    ctx.record_ring(&seat);
     let segment_bytes = ctx.segment_bytes(input.len(), esize);
     let data = ring::Data::Apart { input, out };
-    ring::run(ctx, data, dtype, reduce, segment_bytes)
+    ring::run(ctx, seat, data, dtype, reduce, segment_bytes)
 }

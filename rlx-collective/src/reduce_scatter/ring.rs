@@ -1,7 +1,9 @@
 //! Segmented ring reduce-scatter: after n-1 steps rank `r` holds the fully reduced block `r`.
 //!
-//! At step `s` rank `r` sends its partial of block `r-s-1` to `r+1` and receives the partial of
-//! block `r-s-2` from `r-1`, folding its own elements in as soon as the segment lands. Partials
+//! The ring runs by positions (see [`RingSeat`]; in rank order, position `p` is rank `p`). At
+//! step `s` the rank at position `p` sends its partial of the block of position `p-s-1` to
+//! the next position and receives the partial of the block of position `p-s-2` from the
+//! previous one, folding its own elements in as soon as the segment lands. Partials
 //! travel in the wide accumulation type; the owner narrows once. Each block is reduced along
 //! one fixed chain and finished by one rank, so the result does not depend on who reads it.
 //!
@@ -24,6 +26,7 @@ use std::ops::Range;
 
 use crate::layout::{self, Blocks};
 use crate::op::OpCtx;
+use crate::ring_order::RingSeat;
 use crate::scratch::Scratch;
 use crate::{CollectiveError, DType, ReduceKind, Result, kernels};
 
@@ -60,10 +63,11 @@ impl Data<'_> {
 
 /// Reduces `data`'s contribution (`dtype` elements) over the group; on return this rank's
 /// block, the element range `Blocks::Balanced{count, parts: n}.block(rank)`, holds the final
-/// result (in place, or in the separate output) and the other blocks are unchanged. Needs at
-/// least two ranks.
+/// result (in place, or in the separate output) and the other blocks are unchanged. The ring
+/// visits the ranks in `seat`'s order. Needs at least two ranks.
 pub(crate) fn run(
     ctx: &OpCtx<'_>,
+    seat: RingSeat<'_>,
     mut data: Data<'_>,
     dtype: DType,
     reduce: ReduceKind,
@@ -81,7 +85,7 @@ pub(crate) fn run(
         dtype,
         reduce,
         n,
-        r: ctx.rank as usize,
+        seat,
         esize,
         wsize: kernels::wide_size(dtype)?,
         already_wide: kernels::accumulates_in_kind(dtype),
@@ -97,7 +101,7 @@ pub(crate) fn run(
         partial_len
     };
     let mut scratch = Scratch::take(send_len, partial_len);
-    let mine = layout::bytes(blocks.block(ring.r), esize);
+    let mine = layout::bytes(blocks.block(ctx.rank as usize), esize);
     if let Data::Apart { out, .. } = &data {
         if out.len() != mine.len() {
             return Err(CollectiveError::invalid(format!(
@@ -117,9 +121,9 @@ struct Ring<'c, 'a> {
     ctx: &'c OpCtx<'a>,
     dtype: DType,
     reduce: ReduceKind,
-    /// Group size and this rank.
+    /// Group size and this rank's seat in the ring.
     n: usize,
-    r: usize,
+    seat: RingSeat<'c>,
     /// Bytes per element and per accumulator element.
     esize: usize,
     wsize: usize,
@@ -131,16 +135,16 @@ struct Ring<'c, 'a> {
 
 impl Ring<'_, '_> {
     fn next(&self) -> u32 {
-        ((self.r + 1) % self.n) as u32
+        self.seat.next()
     }
 
     fn prev(&self) -> u32 {
-        ((self.r + self.n - 1) % self.n) as u32
+        self.seat.prev()
     }
 
     /// The whole schedule, in the order described in the module docs.
     fn steps(&self, data: &mut Data<'_>, mine: Range<usize>, scratch: &mut Scratch) -> Result<()> {
-        let (n, r, esize, wsize) = (self.n, self.r, self.esize, self.wsize);
+        let (n, position, esize, wsize) = (self.n, self.seat.position(), self.esize, self.wsize);
         let Scratch {
             send: send_buf,
             recv: recv_buf,
@@ -148,7 +152,9 @@ impl Ring<'_, '_> {
         for segment in 0..self.segments {
             for step in 0..n - 1 {
                 let last = step == n - 2;
-                let (send_block, recv_block) = layout::reduce_scatter_step(r, n, step);
+                let (send_at, recv_at) = layout::reduce_scatter_step(position, n, step);
+                let (send_block, recv_block) =
+                    (self.seat.rank_at(send_at), self.seat.rank_at(recv_at));
                 let send_range = self.blocks.segment(send_block, self.segments, segment);
                 let send_len = send_range.len() * wsize;
                 let recv_range = self.blocks.segment(recv_block, self.segments, segment);

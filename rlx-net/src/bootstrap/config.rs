@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rlx_transport::{Rendezvous, ifname::IfnameFilter};
+use rlx_transport::{Rendezvous, Topology, ifname::IfnameFilter};
 use socket2::Socket;
 
 /// What a socket is about to do when the socket setup hook
@@ -63,6 +63,9 @@ pub(crate) struct BootConfig {
 pub(crate) struct Established {
     pub(crate) links: Vec<Vec<TcpStream>>,
     pub(crate) addrs: Vec<Option<SocketAddr>>,
+    /// The link matrix, from the networks every rank registered in the store; `None` for a
+    /// hostfile rendezvous, which lists no networks.
+    pub(crate) topology: Option<Topology>,
 }
 
 /// One established link: the peer's rank, the link index and the connection.

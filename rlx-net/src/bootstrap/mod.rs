@@ -16,11 +16,13 @@
 //! Layout: this file runs [`establish`]; `config.rs` holds what bootstrap is told and hands
 //! back; `socket.rs` the socket setup; `address.rs` the choice of addresses; `connect.rs` and
 //! `accept.rs` the two sides of every link; `slots.rs` the bounded handshakes of a listener;
-//! `store/` the rendezvous store.
+//! `store/` the rendezvous store; `networks.rs` the networks each rank registers and the link
+//! matrix made of them.
 mod accept;
 mod address;
 mod config;
 mod connect;
+mod networks;
 mod slots;
 mod socket;
 mod store;
@@ -84,6 +86,7 @@ pub(crate) fn establish(cfg: &BootConfig) -> Result<Established, CollectiveError
         return Ok(Established {
             links,
             addrs: vec![None],
+            topology: None,
         });
     }
     let started = Instant::now();
@@ -91,7 +94,7 @@ pub(crate) fn establish(cfg: &BootConfig) -> Result<Established, CollectiveError
     let _span = tracing::info_span!("bootstrap", rank = cfg.rank, world = cfg.world).entered();
     tracing::debug!(rendezvous = ?cfg.rendezvous, links = cfg.links, "joining");
     let instance = u64::from_le_bytes(random_bytes::<8>()?);
-    let (listeners, table, instances) = match &cfg.rendezvous {
+    let (listeners, table, instances, topology) = match &cfg.rendezvous {
         Rendezvous::Hostfile(entries) => {
             if entries.len() != world {
                 return Err(CollectiveError::config(format!(
@@ -121,7 +124,7 @@ pub(crate) fn establish(cfg: &BootConfig) -> Result<Established, CollectiveError
                     })?;
                 listeners.push(listener);
             }
-            (listeners, table, None)
+            (listeners, table, None, None)
         }
         Rendezvous::Store { host, port } => {
             let master = resolve(&format!("{host}:{port}"))?;
@@ -133,6 +136,7 @@ pub(crate) fn establish(cfg: &BootConfig) -> Result<Established, CollectiveError
             let me = Registration {
                 instance,
                 addrs: vec![(advertise_ip, port).into()],
+                networks: networks::of_this_host(),
             };
             let regs = if cfg.rank == 0 {
                 serve_store(cfg, &master, me, deadline)?
@@ -140,11 +144,12 @@ pub(crate) fn establish(cfg: &BootConfig) -> Result<Established, CollectiveError
                 register(cfg, &master, &me, deadline)?
             };
             let instances: Vec<u64> = regs.iter().map(|r| r.instance).collect();
+            let topology = networks::topology(&regs);
             let table = regs
                 .into_iter()
                 .map(|r| r.addrs.into_iter().map(|a| with_scope(a, scope)).collect())
                 .collect();
-            (vec![listener], table, Some(instances))
+            (vec![listener], table, Some(instances), Some(topology))
         }
     };
     let expect = Expectation {
@@ -169,7 +174,8 @@ pub(crate) fn establish(cfg: &BootConfig) -> Result<Established, CollectiveError
             .unwrap_or_else(|_| Err(CollectiveError::config("the accept thread panicked")));
         (accepted, outbound)
     });
-    let established = assemble(cfg, links, outbound?.into_iter().chain(accepted?))?;
+    let mut established = assemble(cfg, links, outbound?.into_iter().chain(accepted?))?;
+    established.topology = topology;
     tracing::info!(elapsed = ?started.elapsed(), "every link is up");
     Ok(established)
 }
@@ -207,5 +213,9 @@ fn assemble(
         }
         log_peer_path(rank, &links[rank], &interfaces);
     }
-    Ok(Established { links, addrs })
+    Ok(Established {
+        links,
+        addrs,
+        topology: None,
+    })
 }

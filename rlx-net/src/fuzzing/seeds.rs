@@ -3,6 +3,7 @@
 //! by the tests.
 
 use rlx_transport::fuzzing::{Corpus, Seed};
+use rlx_transport::topology::Subnet;
 
 use super::*;
 
@@ -148,6 +149,10 @@ fn store_server_seeds(c: &mut Corpus) {
             SocketAddr::from(([10, 0, 0, 1], 7000)),
             "[fe80::1%3]:7001".parse().unwrap_or(store_addr()),
         ],
+        networks: vec![Subnet {
+            addr: [10, 0, 0, 1].into(),
+            prefix: 30,
+        }],
     };
     let nonce = [9u8; 16];
     let registered = encode_registration(&boot_config(1, false), &registration, &nonce);
@@ -178,6 +183,10 @@ fn store_client_seeds(c: &mut Corpus) {
         .map(|r| Registration {
             instance: u64::from(r) + 40,
             addrs: vec![SocketAddr::from(([10, 0, 0, r as u8], 7000))],
+            networks: vec![Subnet {
+                addr: [10, 0, 0, r as u8].into(),
+                prefix: 24,
+            }],
         })
         .collect();
     let without_secret = |answer: Vec<u8>| [&[0u8][..], &answer].concat();

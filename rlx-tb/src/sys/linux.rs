@@ -249,12 +249,14 @@ mod tests {
                 addr: Some("fe80::2".parse().unwrap()),
                 up: false,
                 running: false,
+                prefix: None,
             },
             InterfaceAddress {
                 name: "other".into(),
                 addr: Some("10.0.0.1".parse().unwrap()),
                 up: false,
                 running: false,
+                prefix: None,
             },
         ];
         merge_addresses(&mut interfaces, &entries);

@@ -78,6 +78,7 @@ mod tests {
             addr: addr.map(|a| a.parse().unwrap()),
             up,
             running: up,
+            prefix: None,
         };
         let entries = vec![
             entry("a", None, false),

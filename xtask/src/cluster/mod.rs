@@ -109,6 +109,15 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), String> {
     if args.rejoin {
         rank_args.push("--rejoin".to_owned());
     }
+    // Over namespaces, the TCP transport learns the cabling from the ranks' networks, and its
+    // rings must follow the cables.
+    let links = &args.world.links;
+    if links.netns && args.world.transport == TransportKind::Tcp {
+        rank_args.extend([
+            "--routed-ring-hops".to_owned(),
+            links.topology.routed_ring_hops().to_string(),
+        ]);
+    }
     // With a fault, every rank keeps a flight record, and the report on them must name the
     // faulty rank: what a user would run to find it.
     // A rank killed in the rendezvous leaves the ranks nothing to record.

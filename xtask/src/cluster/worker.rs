@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use rlx_collective::conformance::{self, CaseResult, ConformanceOptions, DEFAULT_SIZES};
-use rlx_collective::{CollectiveOp, DType, ProcessGroup, ReduceKind};
+use rlx_collective::{CollectiveOp, DType, ProcessGroup, Reach, ReduceKind};
 
 use super::events::{CaseRecord, ErrorRecord, Event};
 use super::fault::{Fault, FaultKind, Point, Trigger};
@@ -71,6 +71,10 @@ pub(crate) struct RankArgs {
     /// the case list.
     #[arg(long)]
     pub(crate) soak_secs: Option<u64>,
+    /// Check first that the transport knows the link matrix and that the group's rings cross
+    /// other machines on at most this many hops (set for a cabling of namespaces).
+    #[arg(long)]
+    pub(crate) routed_ring_hops: Option<usize>,
 }
 
 /// Case indices on a grown world start here (see [`SHRUNK_CASE_BASE`]).
@@ -184,11 +188,19 @@ pub(crate) fn run(args: &RankArgs) -> Result<(), String> {
         match ranks::join(args.transport, args.ranks) {
             Ok(groups) => groups,
             Err(message) => {
-                report_failed_join(&message);
+                report_failed("bootstrap", &message);
                 return Err(message);
             }
         }
     };
+    if let Some(most) = args.routed_ring_hops {
+        for group in &groups {
+            if let Err(message) = check_rings_follow_cables(group, most) {
+                report_failed("ring order", &message);
+                return Err(message);
+            }
+        }
+    }
     // A replacement reports under the rank it replaces (the launcher's RLX_RANK), not under
     // its rank in the grown world.
     let replaced = std::env::var("RLX_RANK")
@@ -281,7 +293,32 @@ fn soak(groups: Vec<ProcessGroup>, duration: Duration, seed: u64, reporter: &Arc
 /// Reports a rendezvous that failed under this process's rank (`RLX_RANK`), so that the
 /// launcher judges the error rather than seeing a rank that ended without a word. The peer at
 /// fault is the rank the message names, if it names one ("rank N").
-fn report_failed_join(message: &str) {
+/// Whether `group` knows its link matrix and rings along the cables: at most `most` hops of
+/// its ring order without a cable or a switch.
+fn check_rings_follow_cables(group: &ProcessGroup, most: usize) -> Result<(), String> {
+    let Some(topology) = group.topology() else {
+        return Err("the transport reports no link matrix on a cabling".to_owned());
+    };
+    let order = group.ring_order();
+    let routed: Vec<String> = (0..order.len())
+        .map(|i| (order[i], order[(i + 1) % order.len()]))
+        .filter(|&(a, b)| topology.reach(a, b) == Reach::Routed)
+        .map(|(a, b)| format!("{a}->{b}"))
+        .collect();
+    if routed.len() > most {
+        return Err(format!(
+            "ring order {order:?} crosses other machines on {} hops ({}); along the cables \
+             it would cross at most {most}",
+            routed.len(),
+            routed.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// Reports that this rank failed `during` (bootstrap, or a check before the cases) with
+/// `message`, naming the peer the message names first.
+fn report_failed(during: &str, message: &str) {
     let Some(rank) = std::env::var("RLX_RANK")
         .ok()
         .and_then(|r| r.trim().parse::<u32>().ok())
@@ -295,10 +332,10 @@ fn report_failed_join(message: &str) {
     Reporter::default().emit(&Event::Failed {
         rank,
         error: ErrorRecord {
-            kind: "bootstrap".to_owned(),
+            kind: during.to_owned(),
             peer,
             message: message.to_owned(),
-            during: Some("bootstrap".to_owned()),
+            during: Some(during.to_owned()),
         },
     });
 }

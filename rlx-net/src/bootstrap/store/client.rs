@@ -12,7 +12,7 @@ use crate::handshake::{self, RefusalCode};
 
 use super::wire::{
     Registration, STATUS_CHALLENGE, STATUS_TABLE, STORE_MAGIC, encode_registration, rank_mac,
-    read_addrs, read_u32, read_u64, verify_store_mac,
+    read_addrs, read_networks, read_u32, read_u64, verify_store_mac,
 };
 use crate::bootstrap::config::BootConfig;
 use crate::bootstrap::connect::{backoff, connect_retrying, io_text};
@@ -154,7 +154,12 @@ pub(crate) fn exchange<S: Read + Write>(
     for _ in 0..count {
         let instance = read_u64(s).map_err(&io0)?;
         let addrs = read_addrs(s).map_err(&io0)?;
-        table.push(Registration { instance, addrs });
+        let networks = read_networks(s).map_err(&io0)?;
+        table.push(Registration {
+            instance,
+            addrs,
+            networks,
+        });
     }
     Ok(Some(table))
 }

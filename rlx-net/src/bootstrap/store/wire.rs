@@ -1,5 +1,5 @@
 //! The store's wire codec: a rank's registration (magic, version, flags, job, world, rank,
-//! process instance, nonce, addresses), the store's challenge when the job has a secret, and
+//! process instance, nonce, addresses, networks), the store's challenge when the job has a secret, and
 //! its reply (the table, or a refusal).
 //!
 //! With `RLX_JOB_SECRET`, both sides prove they hold it before the store accepts a
@@ -13,6 +13,8 @@
 use std::io::{self, Read};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use rlx_transport::topology::Subnet;
+
 use crate::auth::{self, MAC_LEN, NONCE_LEN};
 use crate::handshake::{PROTOCOL_VERSION, Refusal, RefusalCode};
 
@@ -20,6 +22,9 @@ use crate::bootstrap::config::BootConfig;
 
 /// Most addresses one rank may publish in the store.
 const MAX_ADDRS: usize = 16;
+/// Most networks one rank may publish in the store (a Mac with every Thunderbolt port cabled,
+/// Ethernet and Wi-Fi, with IPv4 and IPv6 on each, stays well below).
+const MAX_NETWORKS: usize = 32;
 pub(super) const STORE_MAGIC: [u8; 8] = *b"RLXSTOR\n";
 /// The registration's flag that says the rank holds a job secret.
 const FLAG_SECRET: u32 = 1;
@@ -38,6 +43,9 @@ const RANK_LABEL: &[u8] = b"rlx-store-rank";
 pub(crate) struct Registration {
     pub(crate) instance: u64,
     pub(crate) addrs: Vec<SocketAddr>,
+    /// The networks of the rank's interfaces, from which every rank works out the same link
+    /// matrix (see [`rlx_transport::topology`]).
+    pub(crate) networks: Vec<Subnet>,
 }
 
 fn put_addr(out: &mut Vec<u8>, addr: &SocketAddr) {
@@ -53,6 +61,81 @@ fn put_addr(out: &mut Vec<u8>, addr: &SocketAddr) {
         }
     }
     out.extend_from_slice(&addr.port().to_le_bytes());
+}
+
+/// A network: its family (4 or 6), its address, its prefix length.
+fn put_network(out: &mut Vec<u8>, network: &Subnet) {
+    match network.addr {
+        IpAddr::V4(ip) => {
+            out.push(4);
+            out.extend_from_slice(&ip.octets());
+        }
+        IpAddr::V6(ip) => {
+            out.push(6);
+            out.extend_from_slice(&ip.octets());
+        }
+    }
+    out.push(network.prefix);
+}
+
+fn get_network(r: &mut impl Read) -> io::Result<Subnet> {
+    let mut family = [0u8; 1];
+    r.read_exact(&mut family)?;
+    let (addr, width) = match family[0] {
+        4 => {
+            let mut b = [0u8; 4];
+            r.read_exact(&mut b)?;
+            (IpAddr::V4(Ipv4Addr::from(b)), 32)
+        }
+        6 => {
+            let mut b = [0u8; 16];
+            r.read_exact(&mut b)?;
+            (IpAddr::V6(Ipv6Addr::from(b)), 128)
+        }
+        other => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("unknown network family {other}"),
+            ));
+        }
+    };
+    let mut prefix = [0u8; 1];
+    r.read_exact(&mut prefix)?;
+    if prefix[0] > width {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a /{} prefix on {addr}", prefix[0]),
+        ));
+    }
+    Ok(Subnet {
+        addr,
+        prefix: prefix[0],
+    })
+}
+
+/// A registration's addresses and networks, each list led by its length.
+fn put_reachability(out: &mut Vec<u8>, reg: &Registration) {
+    out.push(reg.addrs.len().min(MAX_ADDRS) as u8);
+    for a in reg.addrs.iter().take(MAX_ADDRS) {
+        put_addr(out, a);
+    }
+    out.push(reg.networks.len().min(MAX_NETWORKS) as u8);
+    for network in reg.networks.iter().take(MAX_NETWORKS) {
+        put_network(out, network);
+    }
+}
+
+/// The networks after a registration's addresses.
+pub(super) fn read_networks(r: &mut impl Read) -> io::Result<Vec<Subnet>> {
+    let mut n = [0u8; 1];
+    r.read_exact(&mut n)?;
+    if usize::from(n[0]) > MAX_NETWORKS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} networks (at most {MAX_NETWORKS})", n[0]),
+        ));
+    }
+    (0..n[0]).map(|_| get_network(r)).collect()
 }
 
 fn get_addr(r: &mut impl Read) -> io::Result<SocketAddr> {
@@ -104,10 +187,7 @@ pub(crate) fn encode_registration(
     out.extend_from_slice(&cfg.rank.to_le_bytes());
     out.extend_from_slice(&reg.instance.to_le_bytes());
     out.extend_from_slice(nonce);
-    out.push(reg.addrs.len().min(MAX_ADDRS) as u8);
-    for a in reg.addrs.iter().take(MAX_ADDRS) {
-        put_addr(&mut out, a);
-    }
+    put_reachability(&mut out, reg);
     out
 }
 
@@ -282,9 +362,14 @@ pub(crate) fn read_registration(cfg: &BootConfig, r: &mut impl Read) -> Result<R
     let mut nonce = [0u8; NONCE_LEN];
     r.read_exact(&mut nonce).map_err(other)?;
     let addrs = read_addrs(r).map_err(other)?;
+    let networks = read_networks(r).map_err(other)?;
     Ok(Received {
         rank,
-        reg: Registration { instance, addrs },
+        reg: Registration {
+            instance,
+            addrs,
+            networks,
+        },
         bytes: std::mem::take(&mut r.bytes),
     })
 }
@@ -298,10 +383,7 @@ pub(crate) fn store_reply(status: Result<&[Registration], &Refusal>) -> Vec<u8> 
             out.extend_from_slice(&(table.len() as u32).to_le_bytes());
             for reg in table {
                 out.extend_from_slice(&reg.instance.to_le_bytes());
-                out.push(reg.addrs.len().min(MAX_ADDRS) as u8);
-                for a in reg.addrs.iter().take(MAX_ADDRS) {
-                    put_addr(&mut out, a);
-                }
+                put_reachability(&mut out, reg);
             }
         }
         Err(refusal) => {
@@ -348,6 +430,16 @@ mod tests {
         let reg = Registration {
             instance: 42,
             addrs: vec![sa("10.0.0.1:7"), sa("[fe80::1%3]:8")],
+            networks: vec![
+                Subnet {
+                    addr: "10.0.0.1".parse().unwrap(),
+                    prefix: 30,
+                },
+                Subnet {
+                    addr: "fd00::1".parse().unwrap(),
+                    prefix: 64,
+                },
+            ],
         };
         let bytes = encode_registration(&cfg, &reg, &[3; NONCE_LEN]);
         let received = read_registration(&cfg, &mut &bytes[..]).unwrap();

@@ -1,0 +1,157 @@
+//! Rings that follow the cables: threads whose transport reports a link matrix of a chain or
+//! a ring numbered against the cabling (scrambled, worlds 2 to 8) must ring along the cables,
+//! and every collective must still be exact (against the serial reference, every dtype and
+//! reduction, with each algorithm, including the rank-order ring), on the world and on a
+//! sub-group whose matrix is the world's restricted to it.
+
+mod common;
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use rlx_collective::conformance::{self, ConformanceOptions, SplitMix};
+use rlx_collective::topology::Subnet;
+use rlx_collective::{
+    Algorithm, CollectiveOp, Delegate, MemTransport, ProcessGroup, Reach, Topology, Transport,
+};
+
+/// A thread rank that reports `topology` as its link matrix.
+struct Cabled {
+    inner: Arc<MemTransport>,
+    topology: Topology,
+}
+
+impl Delegate for Cabled {
+    fn inner(&self) -> &dyn Transport {
+        &*self.inner
+    }
+
+    fn topology(&self) -> Option<Topology> {
+        Some(self.topology.clone())
+    }
+}
+
+/// The link matrix of ranks joined by a cable (a /30 of its own) for each pair of `cables`.
+fn cabled(n: u32, cables: &[(u32, u32)]) -> Topology {
+    let mut networks: Vec<Vec<Subnet>> = vec![Vec::new(); n as usize];
+    for (i, &(a, b)) in cables.iter().enumerate() {
+        let base = u32::from(Ipv4Addr::new(10, 216, 0, 0)) + 4 * i as u32;
+        for (rank, host) in [(a, 1), (b, 2)] {
+            networks[rank as usize].push(Subnet {
+                addr: Ipv4Addr::from(base + host).into(),
+                prefix: 30,
+            });
+        }
+    }
+    Topology::from_networks(&networks)
+}
+
+/// The ranks 0..n in an order drawn from `seed`.
+fn scrambled(n: u32, seed: u64) -> Vec<u32> {
+    let mut rng = SplitMix::seeded(seed);
+    let mut ranks: Vec<u32> = (0..n).collect();
+    for i in (1..ranks.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        ranks.swap(i, j);
+    }
+    ranks
+}
+
+/// The groups of a thread world of `n` ranks whose transports report `topology`.
+fn world(n: u32, topology: &Topology) -> Vec<ProcessGroup> {
+    MemTransport::fan_out(n)
+        .into_iter()
+        .map(|inner| {
+            let cabled = Cabled {
+                inner,
+                topology: topology.clone(),
+            };
+            ProcessGroup::new(Arc::new(cabled) as Arc<dyn Transport>)
+        })
+        .collect()
+}
+
+/// How many hops of `group`'s rings cross another machine.
+fn routed_hops(group: &ProcessGroup) -> usize {
+    let (order, topology) = (group.ring_order(), group.topology().expect("a link matrix"));
+    (0..order.len())
+        .filter(|&i| topology.reach(order[i], order[(i + 1) % order.len()]) == Reach::Routed)
+        .count()
+}
+
+fn options(seed: u64) -> ConformanceOptions {
+    ConformanceOptions {
+        ops: vec![
+            CollectiveOp::AllReduce,
+            CollectiveOp::ReduceScatter,
+            CollectiveOp::AllGather,
+        ],
+        sizes: vec![0, 1, 7, 13, 1009],
+        max_segment_bytes: Some(256),
+        seed,
+        ..ConformanceOptions::default()
+    }
+}
+
+#[test]
+fn chains_numbered_against_their_cables_ring_along_them_and_stay_exact() {
+    for n in 2..=8u32 {
+        let chain = scrambled(n, u64::from(n) * 31);
+        let cables: Vec<(u32, u32)> = chain.windows(2).map(|w| (w[0], w[1])).collect();
+        let topology = cabled(n, &cables);
+        let reports = common::on_each(world(n, &topology), move |group| {
+            let routed = routed_hops(&group);
+            let order = group.ring_order().to_vec();
+            (
+                routed,
+                order,
+                conformance::run(&group, &options(u64::from(n))),
+            )
+        });
+        for (rank, (routed, order, report)) in reports.into_iter().enumerate() {
+            // A chain's ring crosses the other machines once, on the hop that closes it.
+            assert!(routed <= 1, "{n} ranks cabled {chain:?}: ring {order:?}");
+            let report = report.unwrap_or_else(|e| panic!("{n} ranks, rank {rank}: {e}"));
+            assert!(
+                report.passed(),
+                "{n} ranks cabled {chain:?}: {}",
+                report.summary()
+            );
+            let rank_order_ring = report
+                .cases()
+                .iter()
+                .filter(|c| c.name.ends_with(Algorithm::RankOrderRing.name()))
+                .count();
+            assert!(rank_order_ring > 0, "no case forced the rank-order ring");
+        }
+    }
+}
+
+#[test]
+fn a_sub_group_rings_along_the_cables_among_its_members() {
+    // Six ranks cabled in a ring 0-3-1-4-2-5-0; the sub-group of the even ranks {0, 2, 4}
+    // has cables 2-4 only among itself (group ranks 1-2), so its ring starts 0-1-2 or
+    // 0-2-1 and crosses others on two hops at most.
+    let ring = [0u32, 3, 1, 4, 2, 5];
+    let cables: Vec<(u32, u32)> = (0..6).map(|i| (ring[i], ring[(i + 1) % 6])).collect();
+    let topology = cabled(6, &cables);
+    let reports = common::on_each(world(6, &topology), |group| {
+        assert_eq!(routed_hops(&group), 0, "ring {:?}", group.ring_order());
+        let color = (group.rank() % 2 == 0).then_some(0);
+        let sub = group.split(color, group.rank() as i32)?;
+        let Some(sub) = sub else {
+            return Ok(None);
+        };
+        let sub_topology = sub.topology().expect("the sub-group's matrix");
+        assert_eq!(sub_topology.size(), 3);
+        assert_eq!(
+            sub_topology.reach(1, 2),
+            Reach::Cable,
+            "world ranks 2 and 4"
+        );
+        conformance::run(&sub, &options(66)).map(Some)
+    });
+    for report in reports.into_iter().flatten().flatten() {
+        assert!(report.passed(), "{}", report.summary());
+    }
+}
