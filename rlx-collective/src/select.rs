@@ -119,6 +119,7 @@ impl CollectiveOp {
                 Algorithm::Auto,
                 Algorithm::Ring,
                 Algorithm::RankOrderRing,
+                Algorithm::Direct,
                 Algorithm::RecursiveDoubling,
                 Algorithm::OneSidedRing,
             ],
@@ -126,6 +127,7 @@ impl CollectiveOp {
                 Algorithm::Auto,
                 Algorithm::Ring,
                 Algorithm::RankOrderRing,
+                Algorithm::Direct,
                 Algorithm::Bruck,
             ],
             CollectiveOp::Broadcast => &[
@@ -158,6 +160,10 @@ pub enum Algorithm {
     /// The segmented ring in rank order whatever the cabling: what [`Algorithm::Ring`] was
     /// before rings followed the cables, kept to compare with it.
     RankOrderRing,
+    /// Every rank exchanges a block with every peer at once, one exchange per cable: direct
+    /// reduce-scatter and all-gather (all-reduce), or direct all-gather. What `Auto` picks
+    /// above the small sizes on a full mesh of cables, where it keeps every cable busy.
+    Direct,
     /// Recursive doubling with the non-power-of-two fold (all-reduce).
     RecursiveDoubling,
     /// Bruck's ⌈log2 n⌉-step all-gather.
@@ -183,6 +189,7 @@ impl Algorithm {
             Algorithm::Auto => "auto",
             Algorithm::Ring => "ring",
             Algorithm::RankOrderRing => "rank_order_ring",
+            Algorithm::Direct => "direct",
             Algorithm::RecursiveDoubling => "recursive_doubling",
             Algorithm::Bruck => "bruck",
             Algorithm::BinomialTree => "binomial_tree",
@@ -207,6 +214,9 @@ pub(crate) struct Settings {
     pub(crate) broadcast: Algorithm,
     /// The test and benchmark knob: an upper bound on segment bytes.
     pub(crate) max_segment_bytes: Option<usize>,
+    /// Whether a cable joins every pair of members (from the link matrix): `Auto` then picks
+    /// [`Algorithm::Direct`] above the small sizes.
+    pub(crate) cabled_mesh: bool,
 }
 
 impl Settings {
@@ -263,8 +273,9 @@ impl Settings {
     pub(crate) fn plan() -> String {
         let small = SMALL_MESSAGE_BYTES >> 10;
         format!(
-            "all_reduce: recursive doubling up to {small} KiB per rank, ring above; \
-             all_gather: Bruck up to {small} KiB gathered, ring above; broadcast: binomial \
+            "all_reduce: recursive doubling up to {small} KiB per rank, ring above (direct \
+             on a full mesh of cables); all_gather: Bruck up to {small} KiB gathered, ring \
+             above (direct on a mesh); rings in the order of the cables; broadcast: binomial \
              tree up to {small} KiB or on 2 ranks, pipelined chain above"
         )
     }
@@ -275,6 +286,7 @@ impl Settings {
             Algorithm::Auto if bytes <= SMALL_MESSAGE_BYTES || world < 2 => {
                 Algorithm::RecursiveDoubling
             }
+            Algorithm::Auto if self.cabled_mesh => Algorithm::Direct,
             Algorithm::Auto => Algorithm::Ring,
             forced => forced,
         };
@@ -291,6 +303,7 @@ impl Settings {
     pub(crate) fn all_gather(&self, total_bytes: usize) -> Algorithm {
         let chosen = match self.all_gather {
             Algorithm::Auto if total_bytes <= SMALL_MESSAGE_BYTES => Algorithm::Bruck,
+            Algorithm::Auto if self.cabled_mesh => Algorithm::Direct,
             Algorithm::Auto => Algorithm::Ring,
             forced => forced,
         };
@@ -342,6 +355,16 @@ mod tests {
         );
         assert_eq!(s.broadcast(1 << 20, 2), Algorithm::BinomialTree);
         assert_eq!(s.broadcast(1 << 20, 3), Algorithm::PipelinedChain);
+        assert_eq!(s.all_gather(1 << 20), Algorithm::Ring);
+        // On a full mesh of cables, every cable at once above the small sizes.
+        let mesh = Settings {
+            cabled_mesh: true,
+            ..Settings::default()
+        };
+        assert_eq!(mesh.all_reduce(8, 4), Algorithm::RecursiveDoubling);
+        assert_eq!(mesh.all_reduce(1 << 20, 4), Algorithm::Direct);
+        assert_eq!(mesh.all_gather(1 << 20), Algorithm::Direct);
+        assert_eq!(mesh.all_gather(1024), Algorithm::Bruck);
     }
 
     #[test]

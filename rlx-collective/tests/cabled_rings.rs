@@ -1,8 +1,9 @@
-//! Rings that follow the cables: threads whose transport reports a link matrix of a chain or
+//! Plans that follow the cables: threads whose transport reports a link matrix of a chain or
 //! a ring numbered against the cabling (scrambled, worlds 2 to 8) must ring along the cables,
-//! and every collective must still be exact (against the serial reference, every dtype and
-//! reduction, with each algorithm, including the rank-order ring), on the world and on a
-//! sub-group whose matrix is the world's restricted to it.
+//! a full mesh must exchange with every peer at once (the direct algorithms), and every
+//! collective must still be exact (against the serial reference, every dtype and reduction,
+//! with each algorithm, including the rank-order ring and the direct ones), on the world and
+//! on a sub-group whose matrix is the world's restricted to it.
 
 mod common;
 
@@ -153,5 +154,30 @@ fn a_sub_group_rings_along_the_cables_among_its_members() {
     });
     for report in reports.into_iter().flatten().flatten() {
         assert!(report.passed(), "{}", report.summary());
+    }
+}
+
+#[test]
+fn a_full_mesh_exchanges_with_every_peer_at_once_and_stays_exact() {
+    for n in 3..=6u32 {
+        let cables: Vec<(u32, u32)> = (0..n)
+            .flat_map(|a| (a + 1..n).map(move |b| (a, b)))
+            .collect();
+        let topology = cabled(n, &cables);
+        let reports = common::on_each(world(n, &topology), move |group| {
+            let report = conformance::run(&group, &options(u64::from(n) + 100));
+            // Past the small sizes, `Auto` picks the direct all-reduce.
+            let mut data = vec![1.0f32; 1 << 16];
+            group.all_reduce(&mut data, rlx_collective::ReduceKind::Sum)?;
+            assert!(data.iter().all(|&x| x == n as f32));
+            let last = group.flight_record().pop().expect("the all-reduce's entry");
+            Ok::<_, rlx_collective::CollectiveError>((report?, last.algorithm))
+        });
+        for (rank, outcome) in reports.into_iter().enumerate() {
+            let (report, algorithm) =
+                outcome.unwrap_or_else(|e| panic!("{n} ranks, rank {rank}: {e}"));
+            assert!(report.passed(), "{n}-rank mesh: {}", report.summary());
+            assert_eq!(algorithm, Some(Algorithm::Direct.name()), "{n}-rank mesh");
+        }
     }
 }

@@ -173,6 +173,16 @@ impl Topology {
         })
     }
 
+    /// Whether a cable joins every pair of distinct ranks, and there are at least three (two
+    /// ranks have one cable whatever the plan).
+    pub fn is_cable_mesh(&self) -> bool {
+        self.size >= 3
+            && self
+                .links
+                .iter()
+                .all(|l| matches!(l.reach, Reach::Itself | Reach::Cable))
+    }
+
     /// Whether every pair of distinct ranks is joined the same way (a star, one host, or a
     /// full mesh): then no order of the ranks is better than another.
     pub fn is_uniform(&self) -> bool {
@@ -288,5 +298,13 @@ mod tests {
         assert_eq!(t.reach(0, 1), Reach::Cable);
         assert!(t.is_uniform());
         assert!(Topology::from_networks(&[]).is_uniform());
+        assert!(!t.is_cable_mesh());
+        let mesh = vec![
+            vec![net("10.0.0.1", 30), net("10.0.0.5", 30)],
+            vec![net("10.0.0.2", 30), net("10.0.0.9", 30)],
+            vec![net("10.0.0.6", 30), net("10.0.0.10", 30)],
+        ];
+        assert!(Topology::from_networks(&mesh).is_cable_mesh());
+        assert!(!Topology::from_networks(&host).is_cable_mesh());
     }
 }

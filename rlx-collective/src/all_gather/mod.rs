@@ -2,6 +2,7 @@
 //! the same length.
 
 pub(crate) mod bruck;
+pub(crate) mod direct;
 pub(crate) mod ring;
 
 use crate::layout::{self, Blocks};
@@ -35,6 +36,14 @@ pub(crate) fn run(ctx: &OpCtx<'_>, local: &[u8], out: &mut [u8], dtype: DType) -
     ctx.record_algorithm(algorithm.name());
     match algorithm {
         Algorithm::Bruck => bruck::run(ctx, local, out)?,
+        Algorithm::Direct => {
+            let esize = dtype.size();
+            let blocks = Blocks::Equal {
+                len: local.len() / esize,
+            };
+            out[layout::bytes(blocks.block(ctx.rank as usize), esize)].copy_from_slice(local);
+            direct::run(ctx, out, esize, blocks)?;
+        }
         Algorithm::Ring | Algorithm::RankOrderRing => {
             let seat = ctx.ring_seat(algorithm);
             ctx.record_ring(&seat);

@@ -4,6 +4,7 @@
 //! and otherwise runs the algorithm the selector in [`crate::select`] picks.
 
 pub(crate) mod compressed;
+pub(crate) mod direct;
 pub(crate) mod one_sided;
 pub(crate) mod recursive_doubling;
 pub(crate) mod ring;
@@ -49,6 +50,10 @@ pub(crate) fn run(
             ctx.record_ring(&seat);
             let segment_bytes = ctx.segment_bytes(data.len(), dtype.size());
             ring::run(ctx, seat, data, dtype, reduce, segment_bytes)
+        }
+        Algorithm::Direct => {
+            let segment_bytes = ctx.segment_bytes(data.len(), dtype.size());
+            direct::run(ctx, data, dtype, reduce, segment_bytes)
         }
         Algorithm::OneSidedRing => {
             let prepared = match prepared {

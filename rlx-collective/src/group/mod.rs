@@ -41,18 +41,16 @@ use crate::split::{self, GroupIds, Record};
 use crate::{CollectiveError, DType, Result, Topology, Transport};
 use worker::Worker;
 
-/// The ring order of a new group of `members` on `transport`, said at `info` when it is not
-/// rank order (the group's rings then follow the cables).
-fn plan_rings(transport: &dyn Transport, members: &[u32], group_id: u16) -> RingOrder {
-    let size = members.len() as u32;
-    let topology = transport.topology().and_then(|t| t.restricted(members));
-    let order = RingOrder::following(topology.as_ref(), size);
+/// The ring order of a new group of `size` members whose link matrix is `topology`, said at
+/// `info` when it is not rank order (the group's rings then follow the cables).
+fn plan_rings(topology: Option<&Topology>, size: u32, group_id: u16) -> RingOrder {
+    let order = RingOrder::following(topology, size);
     if let Some(topology) = topology.filter(|_| !order.is_rank_order()) {
-        let routed = order.routed_hops(&topology);
+        let routed = order.routed_hops(topology);
         tracing::info!(
             group = group_id,
             ring = %order,
-            rank_order_routed_hops = RingOrder::ranks(size).routed_hops(&topology).len(),
+            rank_order_routed_hops = RingOrder::ranks(size).routed_hops(topology).len(),
             routed_hops = routed.len(),
             "rings follow the cables: ring order {order}"
         );
@@ -200,7 +198,19 @@ impl ProcessGroup {
     ) -> ProcessGroup {
         let transport_has_native = transport.native_collectives().is_some();
         let world_rank = members.get(rank as usize).copied().unwrap_or(rank);
-        let ring_order = plan_rings(transport.as_ref(), &members, group_id);
+        let topology = transport.topology().and_then(|t| t.restricted(&members));
+        let ring_order = plan_rings(topology.as_ref(), members.len() as u32, group_id);
+        let settings = Settings {
+            cabled_mesh: topology.as_ref().is_some_and(|t| t.is_cable_mesh()),
+            ..Settings::default()
+        };
+        if settings.cabled_mesh {
+            tracing::info!(
+                group = group_id,
+                "a cable joins every pair of members: all-reduce and all-gather exchange with \
+                 every peer at once"
+            );
+        }
         ProcessGroup {
             shared: Arc::new(Shared {
                 transport,
@@ -211,7 +221,7 @@ impl ProcessGroup {
                 shrinks: AtomicU32::new(0),
                 grows: AtomicU32::new(0),
                 group_ids,
-                settings: Mutex::new(Settings::default()),
+                settings: Mutex::new(settings),
                 federated: Mutex::new(StaleRounds::default()),
                 one_sided: OneSided::default(),
                 issue_order: (group_id == WORLD_GROUP_ID && transport_has_native)
