@@ -181,3 +181,29 @@ fn a_full_mesh_exchanges_with_every_peer_at_once_and_stays_exact() {
         }
     }
 }
+
+#[test]
+fn a_rank_that_leaves_a_direct_all_reduce_is_named_by_every_other() {
+    let n = 4;
+    let cables: Vec<(u32, u32)> = (0..n)
+        .flat_map(|a| (a + 1..n).map(move |b| (a, b)))
+        .collect();
+    let topology = cabled(n, &cables);
+    let outcomes = common::on_each(world(n, &topology), |group| {
+        if group.rank() == 3 {
+            group.abort();
+            return None;
+        }
+        let mut data = vec![1.0f32; 1 << 18];
+        Some(group.all_reduce(&mut data, rlx_collective::ReduceKind::Sum))
+    });
+    for (rank, outcome) in outcomes.into_iter().enumerate().take(3) {
+        let error = outcome
+            .expect("a survivor's outcome")
+            .expect_err("an all-reduce without rank 3");
+        assert!(
+            error.to_string().contains("rank 3"),
+            "rank {rank} blamed another: {error}"
+        );
+    }
+}
