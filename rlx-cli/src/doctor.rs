@@ -83,6 +83,11 @@ pub struct PeerReport {
     pub segments: Option<Segments>,
     /// The peer's clock minus this rank's, estimated from the ping-pongs.
     pub skew_us: Option<f64>,
+    /// How the link matrix says the peer is reached, with this rank's interface on the shared
+    /// network (`cable thunderbolt1`, `switch eth0`, `routed`); `None` when the transport
+    /// knows no matrix.
+    #[serde(default)]
+    pub link: Option<String>,
 }
 
 /// One rank's report.
@@ -104,6 +109,10 @@ pub struct RankReport {
     pub tb_ifname: Option<String>,
     /// Its view of each peer.
     pub peers: Vec<PeerReport>,
+    /// The order in which the collectives' rings visit the ranks (see
+    /// `ProcessGroup::ring_order`).
+    #[serde(default)]
+    pub ring_order: Vec<u32>,
 }
 
 /// Runs the check with `binary __doctor-rank` as the ranks and prints the matrix and the
@@ -237,7 +246,50 @@ pub fn advise(reports: &[RankReport]) -> Vec<String> {
             }
         }
     }
+    advise_on_cabling(reports, &mut advice);
     advice
+}
+
+/// The advice on the cabling: each hop of the rings that crosses other machines, and a pair
+/// much slower than the others, which bounds every ring through it.
+fn advise_on_cabling(reports: &[RankReport], advice: &mut Vec<String>) {
+    let seen_by = |a: u32, b: u32| {
+        let report = reports.iter().find(|r| r.rank == a)?;
+        report.peers.iter().find(|p| p.peer == b)?.link.clone()
+    };
+    // The matrix is symmetric in reach: either end's report says it.
+    let link = |a: u32, b: u32| seen_by(a, b).or_else(|| seen_by(b, a));
+    if let Some(order) = reports.first().map(|r| &r.ring_order) {
+        for (i, &a) in order.iter().enumerate() {
+            let b = order[(i + 1) % order.len()];
+            if order.len() > 1 && link(a, b).as_deref() == Some("routed") {
+                advice.push(format!(
+                    "the rings' hop from rank {a} to rank {b} crosses other machines (no cable \
+                     or switch joins them): its bytes load the cables of the ranks between, \
+                     and a cable between {a} and {b} would take that load off them"
+                ));
+            }
+        }
+    }
+    let mut rates: Vec<(f64, u32, u32)> = reports
+        .iter()
+        .flat_map(|r| {
+            r.peers
+                .iter()
+                .filter_map(move |p| Some((p.gbytes_per_s?, r.rank, p.peer)))
+        })
+        .collect();
+    rates.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let median = rates.get(rates.len() / 2).map(|m| m.0);
+    if let (Some(&(slowest, a, b)), Some(median)) = (rates.first(), median) {
+        if rates.len() >= 3 && slowest < median / 2.0 {
+            advice.push(format!(
+                "rank {a} ↔ {b} is the slowest pair ({slowest:.2} GB/s, the median pair \
+                 {median:.2}): every ring through it runs at its speed; look at its cable (a \
+                 Thunderbolt 4 cable among Thunderbolt 5 ones, a port of another speed)"
+            ));
+        }
+    }
 }
 
 /// The matrix and the advice, as the user reads them.
@@ -260,10 +312,11 @@ pub fn render(reports: &[RankReport], advice: &[String]) -> String {
     }
     let _ = writeln!(
         out,
-        "\n{:<9} {:<22} {:<14} {:>6} {:>10} {:>10} {:>9} {:>12} {:>10} {:>10}",
+        "\n{:<9} {:<22} {:<14} {:<20} {:>6} {:>10} {:>10} {:>9} {:>12} {:>10} {:>10}",
         "pair",
         "peer address",
         "interface",
+        "link",
         "mtu",
         "rtt med",
         "rtt p99",
@@ -278,10 +331,11 @@ pub fn render(reports: &[RankReport], advice: &[String]) -> String {
         for p in r.peers.iter().filter(|p| p.rtt_median_us.is_some()) {
             let _ = writeln!(
                 out,
-                "{:<9} {:<22} {:<14} {:>6} {:>10} {:>10} {:>9} {:>12} {:>10} {:>10}",
+                "{:<9} {:<22} {:<14} {:<20} {:>6} {:>10} {:>10} {:>9} {:>12} {:>10} {:>10}",
                 format!("{} ↔ {}", r.rank, p.peer),
                 p.addr.as_deref().unwrap_or("-"),
                 p.interface.as_deref().unwrap_or("-"),
+                p.link.as_deref().unwrap_or("-"),
                 p.mtu.map_or_else(|| "-".to_owned(), |m| m.to_string()),
                 us(p.rtt_median_us),
                 us(p.rtt_p99_us),
@@ -291,6 +345,15 @@ pub fn render(reports: &[RankReport], advice: &[String]) -> String {
                 us(p.skew_us),
             );
         }
+    }
+    if let Some(first) = reports.first().filter(|r| !r.ring_order.is_empty()) {
+        let order: Vec<String> = first.ring_order.iter().map(u32::to_string).collect();
+        let _ = writeln!(
+            out,
+            "\nplan: the rings visit the ranks as {} (in rank order unless the cables make \
+             another order cheaper)",
+            order.join("-")
+        );
     }
     if advice.is_empty() {
         out.push_str("\nno problems found\n");
@@ -309,9 +372,16 @@ pub fn rank_main() -> Result<(), String> {
 
     let t = rlx_net::TcpTransport::from_env().map_err(|e| format!("could not join: {e}"))?;
     let (me, n) = (t.rank(), t.world_size());
+    let topology = t.topology();
     let mut peers: Vec<PeerReport> = (0..n)
         .filter(|&p| p != me)
-        .map(|peer| describe_peer(peer, t.peer_addr(peer)))
+        .map(|peer| PeerReport {
+            link: topology
+                .as_ref()
+                .and_then(|m| m.link(me, peer))
+                .map(link_words),
+            ..describe_peer(peer, t.peer_addr(peer))
+        })
         .collect();
     // One pair at a time, so that measurements do not share the links or the cores.
     for a in 0..n {
@@ -346,6 +416,9 @@ pub fn rank_main() -> Result<(), String> {
         socket_ifname: std::env::var("RLX_SOCKET_IFNAME").ok(),
         tb_ifname: std::env::var("RLX_TB_IFNAME").ok(),
         peers,
+        ring_order: rlx_collective::ProcessGroup::new(std::sync::Arc::new(t))
+            .ring_order()
+            .to_vec(),
     };
     let json = serde_json::to_string(&report).map_err(|e| e.to_string())?;
     println!("{RESULT_PREFIX}{json}");
@@ -426,6 +499,15 @@ fn measure_as_responder(t: &rlx_net::TcpTransport, peer: u32) -> Result<(), Stri
         .map_err(|e| e.to_string())
 }
 
+/// A link of the matrix in words: its reach and, for a cable or a switch, this rank's
+/// interface on the network it shares with the peer.
+fn link_words(link: &rlx_transport::topology::Link) -> String {
+    match link.local.and_then(interface_of) {
+        Some(interface) => format!("{} {interface}", link.reach),
+        None => link.reach.to_string(),
+    }
+}
+
 /// The route to `addr` as the kernel chooses it: the local interface and address.
 fn describe_peer(peer: u32, addr: Option<SocketAddr>) -> PeerReport {
     let route = addr.and_then(rlx_transport::interfaces::route_source);
@@ -444,6 +526,7 @@ fn describe_peer(peer: u32, addr: Option<SocketAddr>) -> PeerReport {
         gbytes_per_s_configured: None,
         segments: None,
         skew_us: None,
+        link: None,
     }
 }
 
@@ -499,6 +582,7 @@ mod tests {
             socket_ifname: None,
             tb_ifname: None,
             peers: vec![peer],
+            ring_order: Vec::new(),
         }
     }
 
@@ -520,6 +604,7 @@ mod tests {
                 retransmitted: 0,
             }),
             skew_us: Some(0.0),
+            link: None,
         }
     }
 
@@ -567,5 +652,43 @@ mod tests {
                 .any(|a| a.contains("eth1, which RLX_SOCKET_IFNAME==eth0 does not name")),
             "{advice:?}"
         );
+    }
+
+    #[test]
+    fn a_routed_hop_of_the_rings_and_a_slow_pair_are_flagged() {
+        let pair = |rank_: u32, to: u32, link: &str, rate: f64| {
+            let mut p = peer("thunderbolt0");
+            p.peer = to;
+            p.link = Some(link.to_owned());
+            p.gbytes_per_s = Some(rate);
+            rank(rank_, p)
+        };
+        // A chain 0-2-1 (ranks 0 and 1 have no cable), the ring 0-2-1, and 2 ↔ 1 slow.
+        let mut reports = vec![
+            pair(0, 1, "routed", 0.1),
+            pair(0, 2, "cable thunderbolt0", 1.0),
+            pair(2, 1, "cable thunderbolt1", 0.2),
+        ];
+        reports[0].ring_order = vec![0, 2, 1];
+        reports.push(pair(1, 2, "cable thunderbolt0", 1.0));
+        let advice = advise(&reports);
+        assert!(
+            advice
+                .iter()
+                .any(|a| a.contains("from rank 1 to rank 0 crosses")),
+            "{advice:?}"
+        );
+        assert!(
+            advice
+                .iter()
+                .any(|a| a.contains("rank 0 ↔ 1 is the slowest pair")),
+            "{advice:?}"
+        );
+        let rendered = render(&reports, &advice);
+        assert!(
+            rendered.contains("plan: the rings visit the ranks as 0-2-1"),
+            "{rendered}"
+        );
+        assert!(rendered.contains("cable thunderbolt1"), "{rendered}");
     }
 }

@@ -240,17 +240,20 @@ mod tests {
     fn cabled(n: u32, cables: &[(u32, u32)]) -> Topology {
         let mut networks: Vec<Vec<Subnet>> = vec![Vec::new(); n as usize];
         for (i, &(a, b)) in cables.iter().enumerate() {
-            let base = 0x0a00_0000u32 + 4 * i as u32;
-            networks[a as usize].push(Subnet {
-                addr: std::net::Ipv4Addr::from(base + 1).into(),
-                prefix: 30,
-            });
-            networks[b as usize].push(Subnet {
-                addr: std::net::Ipv4Addr::from(base + 2).into(),
+            lay_cable(&mut networks, i as u32, a, b);
+        }
+        Topology::from_networks(&networks)
+    }
+
+    /// Cable number `index` (a /30 of its own) between ranks `a` and `b`.
+    fn lay_cable(networks: &mut [Vec<Subnet>], index: u32, a: u32, b: u32) {
+        let base = 0x0a00_0000u32 + 4 * index;
+        for (rank, host) in [(a, 1), (b, 2)] {
+            networks[rank as usize].push(Subnet {
+                addr: std::net::Ipv4Addr::from(base + host).into(),
                 prefix: 30,
             });
         }
-        Topology::from_networks(&networks)
     }
 
     #[test]
@@ -322,16 +325,8 @@ mod tests {
         for island in islands {
             for (i, &a) in island.iter().enumerate() {
                 for &b in &island[i + 1..] {
-                    let base = 0x0a00_0000u32 + 4 * cable;
+                    lay_cable(&mut networks, cable, a, b);
                     cable += 1;
-                    networks[a as usize].push(Subnet {
-                        addr: std::net::Ipv4Addr::from(base + 1).into(),
-                        prefix: 30,
-                    });
-                    networks[b as usize].push(Subnet {
-                        addr: std::net::Ipv4Addr::from(base + 2).into(),
-                        prefix: 30,
-                    });
                 }
             }
         }
