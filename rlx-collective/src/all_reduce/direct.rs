@@ -3,17 +3,22 @@
 //! peer at once, then the direct all-gather of the finished blocks (see
 //! [`crate::all_gather::direct`], which says why every cable of a mesh is then busy).
 //!
-//! The reduce-scatter goes segment by segment: the n-1 exchanges of a segment run at once, one
-//! per cable, each landing its peer's contribution in a slot of its own; then the block's owner
-//! folds its own elements and the slots in rank order into a wide accumulator and narrows once.
-//! Every block is so reduced by one rank in one fixed order, and the all-gather hands out the
-//! owner's bytes, so every rank ends with the same bits, run after run. Memory: n-1 slots of a
-//! segment and one accumulator of a segment.
+//! The reduce-scatter goes segment by segment, as a pipeline: one thread per cable exchanges
+//! segment after segment with its peers, landing each peer's contribution in one of two slots
+//! of its own, while the caller's thread folds the segment every exchange has landed (the
+//! block's own elements and the slots in rank order, into a wide accumulator, narrowed once).
+//! An exchange waits only for the fold of the segment two back, whose slot it reuses, so the
+//! cables stay busy while the fold runs. Every block is so reduced by one rank in one fixed
+//! order, and the all-gather hands out the owner's bytes, so every rank ends with the same bits,
+//! run after run. Memory: 2(n-1) segment slots and one accumulator of a segment.
 
-use crate::all_gather::direct::concurrently;
+use std::ops::Range;
+
+use parking_lot::{Condvar, Mutex};
+
 use crate::layout::{self, Blocks};
 use crate::op::OpCtx;
-use crate::{DType, ReduceKind, Result, kernels};
+use crate::{CollectiveError, DType, ReduceKind, Result, kernels};
 
 /// All-reduces `data` in place over at least two ranks, `segment_bytes` of a block at a time.
 pub(crate) fn run(
@@ -33,6 +38,93 @@ pub(crate) fn run(
     crate::all_gather::direct::run(ctx, data, esize, blocks)
 }
 
+/// How far the exchanges and the fold of a reduce-scatter are.
+#[derive(Default)]
+struct Progress {
+    /// Segments each exchange has landed in its slots.
+    landed: Vec<usize>,
+    /// Segments folded into this rank's block.
+    folded: usize,
+    /// Whether an exchange failed (or its thread ended early): every thread stops.
+    failed: bool,
+}
+
+/// The progress the exchange threads and the folding thread wait on.
+#[derive(Default)]
+struct Pipeline {
+    progress: Mutex<Progress>,
+    changed: Condvar,
+}
+
+impl Pipeline {
+    /// Waits until `ready` holds; `false` when the pipeline failed instead. Every exchange ends
+    /// in bounded time (the operation timeout), with a landed segment or a failure, so neither
+    /// side waits for ever.
+    fn wait_until(&self, ready: impl Fn(&Progress) -> bool) -> bool {
+        let mut progress = self.progress.lock();
+        while !progress.failed && !ready(&progress) {
+            self.changed.wait(&mut progress);
+        }
+        !progress.failed
+    }
+
+    fn update(&self, change: impl FnOnce(&mut Progress)) {
+        change(&mut self.progress.lock());
+        self.changed.notify_all();
+    }
+}
+
+/// Marks the pipeline failed when an exchange thread ends by a panic, so that the folding
+/// thread does not wait for its segments.
+struct FailOnPanic<'p>(&'p Pipeline);
+
+impl Drop for FailOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.update(|p| p.failed = true);
+        }
+    }
+}
+
+/// The contributions of the other ranks' blocks, which the exchanges read while this rank's
+/// block is folded in place.
+struct OtherBlocks<'d> {
+    before: &'d [u8],
+    after: &'d [u8],
+    /// Where this rank's block is (bytes of the whole buffer).
+    own: Range<usize>,
+}
+
+impl OtherBlocks<'_> {
+    /// The bytes of `range` (of the whole buffer), which lies outside this rank's block.
+    fn read(&self, range: Range<usize>) -> &[u8] {
+        if range.end <= self.own.start {
+            &self.before[range]
+        } else {
+            &self.after[range.start - self.own.end..range.end - self.own.end]
+        }
+    }
+}
+
+/// The fixed parameters of one reduce-scatter.
+struct Plan {
+    n: usize,
+    r: usize,
+    esize: usize,
+    blocks: Blocks,
+    segments: usize,
+}
+
+impl Plan {
+    /// Bytes of the whole buffer that segment `segment` of block `block` holds.
+    fn segment(&self, block: usize, segment: usize) -> Range<usize> {
+        layout::bytes(
+            self.blocks.segment(block, self.segments, segment),
+            self.esize,
+        )
+    }
+}
+
 /// Leaves in block `rank` of `data` the reduction of every rank's block `rank`.
 fn reduce_scatter(
     ctx: &OpCtx<'_>,
@@ -44,35 +136,146 @@ fn reduce_scatter(
 ) -> Result<()> {
     let (n, r, esize) = (ctx.size() as usize, ctx.rank as usize, dtype.size());
     let wsize = kernels::wide_size(dtype)?;
-    let segments = layout::segment_count(blocks.max_len(), segment_bytes / esize);
-    let most = blocks.max_len().div_ceil(segments);
-    let mut slots = vec![vec![0u8; most * esize]; n - 1];
-    let mut acc = vec![0u8; most * wsize];
-    for segment in 0..segments {
-        let mine = layout::bytes(blocks.segment(r, segments, segment), esize);
-        let len = mine.len();
-        let contribution: &[u8] = data;
-        let exchanges: Vec<(u32, u32, &mut [u8])> = slots
-            .iter_mut()
-            .enumerate()
-            .map(|(i, slot)| {
-                let s = i + 1;
-                let (to, from) = ((r + s) % n, (r + n - s) % n);
-                (to as u32, from as u32, &mut slot[..len])
+    let plan = Plan {
+        n,
+        r,
+        esize,
+        blocks,
+        segments: layout::segment_count(blocks.max_len(), segment_bytes / esize),
+    };
+    let most = blocks.max_len().div_ceil(plan.segments);
+    let slots: Vec<[Mutex<Vec<u8>>; 2]> = (1..n)
+        .map(|_| {
+            [
+                Mutex::new(vec![0u8; most * esize]),
+                Mutex::new(vec![0u8; most * esize]),
+            ]
+        })
+        .collect();
+    let own = layout::bytes(blocks.block(r), esize);
+    let (before, rest) = data.split_at_mut(own.start);
+    let (own_block, after) = rest.split_at_mut(own.len());
+    let others = OtherBlocks {
+        before,
+        after,
+        own: own.clone(),
+    };
+    let pipeline = Pipeline {
+        progress: Mutex::new(Progress {
+            landed: vec![0; n - 1],
+            ..Progress::default()
+        }),
+        changed: Condvar::new(),
+    };
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (1..n)
+            .map(|s| {
+                let (plan, slots, others, pipeline) = (&plan, &slots, &others, &pipeline);
+                std::thread::Builder::new()
+                    .name(format!("rlx-{}-cable", ctx.name()))
+                    .spawn_scoped(scope, move || {
+                        exchange_segments(ctx, plan, s, &slots[s - 1], others, pipeline)
+                    })
             })
             .collect();
-        concurrently(ctx, exchanges, |(to, from, into)| {
-            let send = layout::bytes(blocks.segment(to as usize, segments, segment), esize);
-            ctx.send_recv_into(to, &contribution[send], from, into)
-        })?;
-        let acc = &mut acc[..len / esize * wsize];
-        kernels::widen(dtype, &data[mine.clone()], acc)?;
-        // The slot of peer `p` is slot (r - p) mod n - 1: fold the peers in rank order.
-        for peer in (0..n).filter(|&p| p != r) {
-            let slot = &slots[(r + n - peer) % n - 1][..len];
-            kernels::accumulate_narrow(dtype, reduce, acc, slot)?;
+        let mut acc = vec![0u8; most * wsize];
+        let folded = fold_segments(
+            &plan,
+            own_block,
+            own.start,
+            &slots,
+            &pipeline,
+            |mine, slots| {
+                let acc = &mut acc[..mine.len() / esize * wsize];
+                kernels::widen(dtype, mine, acc)?;
+                for slot in slots {
+                    kernels::accumulate_narrow(dtype, reduce, acc, &slot[..mine.len()])?;
+                }
+                kernels::finish(dtype, reduce, n as u32, acc, mine)
+            },
+        );
+        let mut result = Ok(());
+        for thread in threads {
+            let joined = match thread {
+                Ok(handle) => match handle.join() {
+                    Ok(joined) => joined,
+                    Err(panic) => std::panic::resume_unwind(panic),
+                },
+                Err(source) => Err(CollectiveError::Io { peer: None, source }),
+            };
+            result = result.and(joined);
         }
-        kernels::finish(dtype, reduce, n as u32, acc, &mut data[mine])?;
+        result.and(folded)
+    })
+}
+
+/// Thread `s` of the reduce-scatter: every segment, sends peer `r+s` its segment of this
+/// rank's contribution and lands peer `r-s`'s segment of this rank's block in `slots`.
+fn exchange_segments(
+    ctx: &OpCtx<'_>,
+    plan: &Plan,
+    s: usize,
+    slots: &[Mutex<Vec<u8>>; 2],
+    others: &OtherBlocks<'_>,
+    pipeline: &Pipeline,
+) -> Result<()> {
+    let _fail_on_panic = FailOnPanic(pipeline);
+    let (to, from) = ((plan.r + s) % plan.n, (plan.r + plan.n - s) % plan.n);
+    for segment in 0..plan.segments {
+        // The slot of this segment held the one two back: it must have been folded.
+        if !pipeline.wait_until(|p| p.folded + 2 > segment) {
+            return Ok(());
+        }
+        let len = plan.segment(plan.r, segment).len();
+        let send = others.read(plan.segment(to, segment));
+        let mut slot = slots[segment % 2].lock();
+        let exchanged = ctx.send_recv_into(to as u32, send, from as u32, &mut slot[..len]);
+        drop(slot);
+        if let Err(error) = exchanged {
+            // Told at once, so that the other exchanges of this rank and of its peers end
+            // instead of waiting on ranks that wait on this one.
+            if error.is_fatal() {
+                ctx.notify_failure(&error);
+            }
+            pipeline.update(|p| p.failed = true);
+            return Err(error);
+        }
+        pipeline.update(|p| p.landed[s - 1] = segment + 1);
+    }
+    Ok(())
+}
+
+/// The caller's side of the reduce-scatter: folds each segment of `own_block` (which starts
+/// at byte `own_start` of the buffer) with `fold` once every exchange has landed it, the
+/// slots in the rank order of their peers.
+fn fold_segments(
+    plan: &Plan,
+    own_block: &mut [u8],
+    own_start: usize,
+    slots: &[[Mutex<Vec<u8>>; 2]],
+    pipeline: &Pipeline,
+    mut fold: impl FnMut(&mut [u8], &[&[u8]]) -> Result<()>,
+) -> Result<()> {
+    let (n, r) = (plan.n, plan.r);
+    for segment in 0..plan.segments {
+        if !pipeline.wait_until(|p| p.landed.iter().all(|&landed| landed > segment)) {
+            return Ok(());
+        }
+        let range = plan.segment(r, segment);
+        let mine = &mut own_block[range.start - own_start..range.end - own_start];
+        // The slot of peer `p` is slot (r - p) mod n - 1.
+        let guards: Vec<_> = (0..n)
+            .filter(|&p| p != r)
+            .map(|p| slots[(r + n - p) % n - 1][segment % 2].lock())
+            .collect();
+        let views: Vec<&[u8]> = guards.iter().map(|g| g.as_slice()).collect();
+        let folded = fold(mine, &views);
+        drop(guards);
+        if let Err(error) = folded {
+            pipeline.update(|p| p.failed = true);
+            return Err(error);
+        }
+        pipeline.update(|p| p.folded = segment + 1);
     }
     Ok(())
 }
