@@ -189,12 +189,53 @@ fn a_rank_that_leaves_a_direct_all_reduce_is_named_by_every_other() {
         .flat_map(|a| (a + 1..n).map(move |b| (a, b)))
         .collect();
     let topology = cabled(n, &cables);
-    let outcomes = common::on_each(world(n, &topology), |group| {
+    let outcomes = common::on_each(world(n, &topology), move |group| {
         if group.rank() == 3 {
             group.abort();
             return None;
         }
         let mut data = vec![1.0f32; 1 << 18];
+        Some(
+            group
+                .all_reduce(&mut data, rlx_collective::ReduceKind::Sum)
+                .map(|()| data.iter().all(|&x| x == n as f32)),
+        )
+    });
+    for (rank, outcome) in outcomes.into_iter().enumerate().take(3) {
+        match outcome.expect("a survivor's outcome") {
+            Ok(exact) => assert!(exact, "rank {rank} finished with a wrong sum"),
+            Err(error) => assert!(
+                error.to_string().contains("rank 3"),
+                "rank {rank} blamed another: {error}"
+            ),
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_aborts_during_a_direct_all_reduce_is_named_or_the_result_is_exact() {
+    let n = 4;
+    let cables: Vec<(u32, u32)> = (0..n)
+        .flat_map(|a| (a + 1..n).map(move |b| (a, b)))
+        .collect();
+    let topology = cabled(n, &cables);
+    let outcomes = common::on_each(world(n, &topology), |group| {
+        // 16 MiB: blocks of 4 MiB, sixteen segments in the reduce-scatter's pipeline. Rank 3
+        // aborts before, during or after its own part, wherever its other thread gets to run:
+        // a survivor either finished with the exact sum or names rank 3.
+        let mut data = vec![1.0f32; 1 << 22];
+        if group.rank() == 3 {
+            let aborter = {
+                let group = group.clone();
+                std::thread::spawn(move || {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    group.abort();
+                })
+            };
+            let _ = group.all_reduce(&mut data, rlx_collective::ReduceKind::Sum);
+            aborter.join().expect("the aborting thread");
+            return None;
+        }
         Some(group.all_reduce(&mut data, rlx_collective::ReduceKind::Sum))
     });
     for (rank, outcome) in outcomes.into_iter().enumerate().take(3) {
