@@ -119,6 +119,27 @@ pub(crate) fn bytes(range: Range<usize>, elem_size: usize) -> Range<usize> {
     range.start * elem_size..range.end * elem_size
 }
 
+/// The `parts` blocks of `data` (cut by `blocks`, elements of `elem_size` bytes) as separate
+/// slices, so that threads can fill them at once; `data` must hold them all.
+pub(crate) fn blocks_mut(
+    data: &mut [u8],
+    blocks: Blocks,
+    parts: usize,
+    elem_size: usize,
+) -> Vec<&mut [u8]> {
+    let mut out = Vec::with_capacity(parts);
+    let mut rest = data;
+    let mut at = 0;
+    for index in 0..parts {
+        let range = bytes(blocks.block(index), elem_size);
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(range.end - at);
+        out.push(&mut head[range.start - at..]);
+        at = range.end;
+        rest = tail;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -135,6 +135,7 @@ impl CollectiveOp {
                 Algorithm::BinomialTree,
                 Algorithm::PipelinedChain,
             ],
+            CollectiveOp::AllToAll => &[Algorithm::Auto, Algorithm::Pairwise, Algorithm::Direct],
             _ => &[Algorithm::Auto],
         }
     }
@@ -161,13 +162,16 @@ pub enum Algorithm {
     /// before rings followed the cables, kept to compare with it.
     RankOrderRing,
     /// Every rank exchanges a block with every peer at once, one exchange per cable: direct
-    /// reduce-scatter and all-gather (all-reduce), or direct all-gather. What `Auto` picks
-    /// above the small sizes on a full mesh of cables, where it keeps every cable busy.
+    /// reduce-scatter and all-gather (all-reduce), direct all-gather, or the pairwise
+    /// all-to-all's steps all at once. What `Auto` picks above the small sizes on a full mesh
+    /// of cables, where it keeps every cable busy.
     Direct,
     /// Recursive doubling with the non-power-of-two fold (all-reduce).
     RecursiveDoubling,
     /// Bruck's ⌈log2 n⌉-step all-gather.
     Bruck,
+    /// Pairwise-exchange all-to-all: n-1 steps, each a permutation of the ranks.
+    Pairwise,
     /// Binomial-tree broadcast.
     BinomialTree,
     /// Segmented chain broadcast (rank order starting at the root).
@@ -192,6 +196,7 @@ impl Algorithm {
             Algorithm::Direct => "direct",
             Algorithm::RecursiveDoubling => "recursive_doubling",
             Algorithm::Bruck => "bruck",
+            Algorithm::Pairwise => "pairwise",
             Algorithm::BinomialTree => "binomial_tree",
             Algorithm::PipelinedChain => "pipelined_chain",
             Algorithm::OneSidedRing => "one_sided_ring",
@@ -212,6 +217,7 @@ pub(crate) struct Settings {
     pub(crate) all_reduce: Algorithm,
     pub(crate) all_gather: Algorithm,
     pub(crate) broadcast: Algorithm,
+    pub(crate) all_to_all: Algorithm,
     /// The test and benchmark knob: an upper bound on segment bytes.
     pub(crate) max_segment_bytes: Option<usize>,
     /// Whether a cable joins every pair of members (from the link matrix): `Auto` then picks
@@ -232,6 +238,7 @@ impl Settings {
             CollectiveOp::AllReduce => self.all_reduce = algorithm,
             CollectiveOp::AllGather => self.all_gather = algorithm,
             CollectiveOp::Broadcast => self.broadcast = algorithm,
+            CollectiveOp::AllToAll => self.all_to_all = algorithm,
             _ => {}
         }
         Ok(())
@@ -243,6 +250,7 @@ impl Settings {
             CollectiveOp::AllReduce => self.all_reduce,
             CollectiveOp::AllGather => self.all_gather,
             CollectiveOp::Broadcast => self.broadcast,
+            CollectiveOp::AllToAll => self.all_to_all,
             _ => Algorithm::Auto,
         }
     }
@@ -315,6 +323,15 @@ impl Settings {
         chosen
     }
 
+    /// The all-to-all algorithm for `bytes` sent per rank.
+    pub(crate) fn all_to_all(&self, bytes: usize) -> Algorithm {
+        match self.all_to_all {
+            Algorithm::Auto if self.cabled_mesh && bytes > SMALL_MESSAGE_BYTES => Algorithm::Direct,
+            Algorithm::Auto => Algorithm::Pairwise,
+            forced => forced,
+        }
+    }
+
     /// The broadcast algorithm for `bytes` on `world` ranks.
     pub(crate) fn broadcast(&self, bytes: usize, world: u32) -> Algorithm {
         let chosen = match self.broadcast {
@@ -365,6 +382,9 @@ mod tests {
         assert_eq!(mesh.all_reduce(1 << 20, 4), Algorithm::Direct);
         assert_eq!(mesh.all_gather(1 << 20), Algorithm::Direct);
         assert_eq!(mesh.all_gather(1024), Algorithm::Bruck);
+        assert_eq!(mesh.all_to_all(1 << 20), Algorithm::Direct);
+        assert_eq!(mesh.all_to_all(1024), Algorithm::Pairwise);
+        assert_eq!(s.all_to_all(1 << 20), Algorithm::Pairwise);
     }
 
     #[test]

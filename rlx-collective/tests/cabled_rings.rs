@@ -86,6 +86,7 @@ fn options(seed: u64) -> ConformanceOptions {
             CollectiveOp::AllReduce,
             CollectiveOp::ReduceScatter,
             CollectiveOp::AllGather,
+            CollectiveOp::AllToAll,
         ],
         sizes: vec![0, 1, 7, 13, 1009],
         max_segment_bytes: Some(256),
@@ -170,14 +171,22 @@ fn a_full_mesh_exchanges_with_every_peer_at_once_and_stays_exact() {
             let mut data = vec![1.0f32; 1 << 16];
             group.all_reduce(&mut data, rlx_collective::ReduceKind::Sum)?;
             assert!(data.iter().all(|&x| x == n as f32));
-            let last = group.flight_record().pop().expect("the all-reduce's entry");
-            Ok::<_, rlx_collective::CollectiveError>((report?, last.algorithm))
+            let all_reduce = group.flight_record().pop().expect("the all-reduce's entry");
+            let sent = vec![1i32; n as usize * 16384];
+            let received = group.all_to_all(&sent)?;
+            assert!(received.iter().all(|&x| x == 1));
+            let all_to_all = group.flight_record().pop().expect("the all-to-all's entry");
+            Ok::<_, rlx_collective::CollectiveError>((
+                report?,
+                [all_reduce.algorithm, all_to_all.algorithm],
+            ))
         });
         for (rank, outcome) in reports.into_iter().enumerate() {
-            let (report, algorithm) =
+            let (report, algorithms) =
                 outcome.unwrap_or_else(|e| panic!("{n} ranks, rank {rank}: {e}"));
             assert!(report.passed(), "{n}-rank mesh: {}", report.summary());
-            assert_eq!(algorithm, Some(Algorithm::Direct.name()), "{n}-rank mesh");
+            let direct = Some(Algorithm::Direct.name());
+            assert_eq!(algorithms, [direct, direct], "{n}-rank mesh");
         }
     }
 }

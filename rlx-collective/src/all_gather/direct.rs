@@ -23,23 +23,11 @@ pub(crate) fn run(
 ) -> Result<()> {
     let n = ctx.size() as usize;
     let r = ctx.rank as usize;
-    let mut others: Vec<Option<&mut [u8]>> = Vec::with_capacity(n);
-    let mut own: &[u8] = &[];
-    let mut rest = data;
-    let mut at = 0;
-    for index in 0..n {
-        let range = layout::bytes(blocks.block(index), elem_size);
-        let (head, tail) = rest.split_at_mut(range.end - at);
-        let block = &mut head[range.start - at..];
-        at = range.end;
-        rest = tail;
-        if index == r {
-            own = block;
-            others.push(None);
-        } else {
-            others.push(Some(block));
-        }
-    }
+    let mut others: Vec<Option<&mut [u8]>> = layout::blocks_mut(data, blocks, n, elem_size)
+        .into_iter()
+        .map(Some)
+        .collect();
+    let own: &[u8] = others[r].take().unwrap_or_default();
     let exchanges: Vec<(u32, u32, &mut [u8])> = (1..n)
         .filter_map(|s| {
             let (to, from) = ((r + s) % n, (r + n - s) % n);
