@@ -136,6 +136,12 @@ impl CollectiveOp {
                 Algorithm::PipelinedChain,
             ],
             CollectiveOp::AllToAll => &[Algorithm::Auto, Algorithm::Pairwise, Algorithm::Direct],
+            CollectiveOp::ReduceScatter => &[
+                Algorithm::Auto,
+                Algorithm::Ring,
+                Algorithm::RankOrderRing,
+                Algorithm::Direct,
+            ],
             _ => &[Algorithm::Auto],
         }
     }
@@ -162,8 +168,8 @@ pub enum Algorithm {
     /// before rings followed the cables, kept to compare with it.
     RankOrderRing,
     /// Every rank exchanges a block with every peer at once, one exchange per cable: direct
-    /// reduce-scatter and all-gather (all-reduce), direct all-gather, or the pairwise
-    /// all-to-all's steps all at once. What `Auto` picks above the small sizes on a full mesh
+    /// reduce-scatter and all-gather (all-reduce), direct reduce-scatter or all-gather, or the
+    /// pairwise all-to-all's steps all at once. What `Auto` picks above the small sizes on a full mesh
     /// of cables, where it keeps every cable busy.
     Direct,
     /// Recursive doubling with the non-power-of-two fold (all-reduce).
@@ -218,6 +224,7 @@ pub(crate) struct Settings {
     pub(crate) all_gather: Algorithm,
     pub(crate) broadcast: Algorithm,
     pub(crate) all_to_all: Algorithm,
+    pub(crate) reduce_scatter: Algorithm,
     /// The test and benchmark knob: an upper bound on segment bytes.
     pub(crate) max_segment_bytes: Option<usize>,
     /// Whether a cable joins every pair of members (from the link matrix): `Auto` then picks
@@ -239,6 +246,7 @@ impl Settings {
             CollectiveOp::AllGather => self.all_gather = algorithm,
             CollectiveOp::Broadcast => self.broadcast = algorithm,
             CollectiveOp::AllToAll => self.all_to_all = algorithm,
+            CollectiveOp::ReduceScatter => self.reduce_scatter = algorithm,
             _ => {}
         }
         Ok(())
@@ -251,6 +259,7 @@ impl Settings {
             CollectiveOp::AllGather => self.all_gather,
             CollectiveOp::Broadcast => self.broadcast,
             CollectiveOp::AllToAll => self.all_to_all,
+            CollectiveOp::ReduceScatter => self.reduce_scatter,
             _ => Algorithm::Auto,
         }
     }
@@ -323,6 +332,15 @@ impl Settings {
         chosen
     }
 
+    /// The reduce-scatter algorithm for `bytes` of input per rank.
+    pub(crate) fn reduce_scatter(&self, bytes: usize) -> Algorithm {
+        match self.reduce_scatter {
+            Algorithm::Auto if self.cabled_mesh && bytes > SMALL_MESSAGE_BYTES => Algorithm::Direct,
+            Algorithm::Auto => Algorithm::Ring,
+            forced => forced,
+        }
+    }
+
     /// The all-to-all algorithm for `bytes` sent per rank.
     pub(crate) fn all_to_all(&self, bytes: usize) -> Algorithm {
         match self.all_to_all {
@@ -383,6 +401,8 @@ mod tests {
         assert_eq!(mesh.all_gather(1 << 20), Algorithm::Direct);
         assert_eq!(mesh.all_gather(1024), Algorithm::Bruck);
         assert_eq!(mesh.all_to_all(1 << 20), Algorithm::Direct);
+        assert_eq!(mesh.reduce_scatter(1 << 20), Algorithm::Direct);
+        assert_eq!(s.reduce_scatter(1 << 20), Algorithm::Ring);
         assert_eq!(mesh.all_to_all(1024), Algorithm::Pairwise);
         assert_eq!(s.all_to_all(1 << 20), Algorithm::Pairwise);
     }

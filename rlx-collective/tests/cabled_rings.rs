@@ -176,9 +176,20 @@ fn a_full_mesh_exchanges_with_every_peer_at_once_and_stays_exact() {
             let received = group.all_to_all(&sent)?;
             assert!(received.iter().all(|&x| x == 1));
             let all_to_all = group.flight_record().pop().expect("the all-to-all's entry");
+            let mine =
+                group.reduce_scatter(&vec![2.0f32; 1 << 16], rlx_collective::ReduceKind::Sum)?;
+            assert!(mine.iter().all(|&x| x == 2.0 * n as f32));
+            let reduce_scatter = group
+                .flight_record()
+                .pop()
+                .expect("the reduce-scatter's entry");
             Ok::<_, rlx_collective::CollectiveError>((
                 report?,
-                [all_reduce.algorithm, all_to_all.algorithm],
+                [
+                    all_reduce.algorithm,
+                    all_to_all.algorithm,
+                    reduce_scatter.algorithm,
+                ],
             ))
         });
         for (rank, outcome) in reports.into_iter().enumerate() {
@@ -186,7 +197,7 @@ fn a_full_mesh_exchanges_with_every_peer_at_once_and_stays_exact() {
                 outcome.unwrap_or_else(|e| panic!("{n} ranks, rank {rank}: {e}"));
             assert!(report.passed(), "{n}-rank mesh: {}", report.summary());
             let direct = Some(Algorithm::Direct.name());
-            assert_eq!(algorithms, [direct, direct], "{n}-rank mesh");
+            assert_eq!(algorithms, [direct, direct, direct], "{n}-rank mesh");
         }
     }
 }

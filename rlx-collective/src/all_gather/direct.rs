@@ -67,17 +67,26 @@ pub(crate) fn concurrently<T: Send>(
                     .spawn_scoped(scope, || exchange(item))
             })
             .collect();
-        let mut result = last.map_or(Ok(()), &exchange);
-        for thread in threads {
-            let joined = match thread {
-                Ok(handle) => match handle.join() {
-                    Ok(joined) => joined,
-                    Err(panic) => std::panic::resume_unwind(panic),
-                },
-                Err(source) => Err(CollectiveError::Io { peer: None, source }),
-            };
-            result = result.and(joined);
-        }
-        result
+        let result = last.map_or(Ok(()), &exchange);
+        result.and(join_all(threads))
     })
+}
+
+/// Waits for every thread of `threads` (each as spawning it went) and returns the first
+/// error; a thread's panic goes on in the caller.
+pub(crate) fn join_all(
+    threads: Vec<std::io::Result<std::thread::ScopedJoinHandle<'_, Result<()>>>>,
+) -> Result<()> {
+    let mut result = Ok(());
+    for thread in threads {
+        let joined = match thread {
+            Ok(handle) => match handle.join() {
+                Ok(joined) => joined,
+                Err(panic) => std::panic::resume_unwind(panic),
+            },
+            Err(source) => Err(CollectiveError::Io { peer: None, source }),
+        };
+        result = result.and(joined);
+    }
+    result
 }

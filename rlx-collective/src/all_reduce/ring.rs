@@ -18,7 +18,7 @@ pub(crate) fn run(
     reduce: ReduceKind,
     segment_bytes: usize,
 ) -> Result<()> {
-    let in_place = crate::reduce_scatter::ring::Data::InPlace(&mut *data);
+    let in_place = crate::reduce_scatter::Data::InPlace(&mut *data);
     crate::reduce_scatter::ring::run(ctx, seat, in_place, dtype, reduce, segment_bytes)?;
     let blocks = Blocks::Balanced {
         count: data.len() / dtype.size(),

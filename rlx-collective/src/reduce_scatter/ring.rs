@@ -24,42 +24,12 @@
 
 use std::ops::Range;
 
+use super::Data;
 use crate::layout::{self, Blocks};
 use crate::op::OpCtx;
 use crate::ring_order::RingSeat;
 use crate::scratch::Scratch;
 use crate::{CollectiveError, DType, ReduceKind, Result, kernels};
-
-/// Where a reduce-scatter reads this rank's contribution and writes its finished block.
-pub(crate) enum Data<'a> {
-    /// One buffer: the contribution, whose block `rank` the result replaces (the all-reduce).
-    InPlace(&'a mut [u8]),
-    /// The contribution, left as it is, and a buffer of exactly this rank's block for the
-    /// result (the reduce-scatter itself, which so copies nothing of the input).
-    Apart {
-        /// This rank's contribution, every block.
-        input: &'a [u8],
-        /// This rank's block of the result.
-        out: &'a mut [u8],
-    },
-}
-
-impl Data<'_> {
-    fn input(&self) -> &[u8] {
-        match self {
-            Data::InPlace(data) => data,
-            Data::Apart { input, .. } => input,
-        }
-    }
-
-    /// The finished bytes of `range` (bytes of the input) of this rank's block `block`.
-    fn finished(&mut self, range: Range<usize>, block: Range<usize>) -> &mut [u8] {
-        match self {
-            Data::InPlace(data) => &mut data[range],
-            Data::Apart { out, .. } => &mut out[range.start - block.start..range.end - block.start],
-        }
-    }
-}
 
 /// Reduces `data`'s contribution (`dtype` elements) over the group; on return this rank's
 /// block, the element range `Blocks::Balanced{count, parts: n}.block(rank)`, holds the final
