@@ -47,6 +47,14 @@ fn cabled(n: u32, cables: &[(u32, u32)]) -> Topology {
     Topology::from_networks(&networks)
 }
 
+/// The link matrix of `n` ranks with a cable between every pair.
+fn mesh(n: u32) -> Topology {
+    let cables: Vec<(u32, u32)> = (0..n)
+        .flat_map(|a| (a + 1..n).map(move |b| (a, b)))
+        .collect();
+    cabled(n, &cables)
+}
+
 /// The ranks 0..n in an order drawn from `seed`.
 fn scrambled(n: u32, seed: u64) -> Vec<u32> {
     let mut rng = SplitMix::seeded(seed);
@@ -161,10 +169,7 @@ fn a_sub_group_rings_along_the_cables_among_its_members() {
 #[test]
 fn a_full_mesh_exchanges_with_every_peer_at_once_and_stays_exact() {
     for n in 3..=6u32 {
-        let cables: Vec<(u32, u32)> = (0..n)
-            .flat_map(|a| (a + 1..n).map(move |b| (a, b)))
-            .collect();
-        let topology = cabled(n, &cables);
+        let topology = mesh(n);
         let reports = common::on_each(world(n, &topology), move |group| {
             let report = conformance::run(&group, &options(u64::from(n) + 100));
             // Past the small sizes, `Auto` picks the direct all-reduce.
@@ -205,10 +210,7 @@ fn a_full_mesh_exchanges_with_every_peer_at_once_and_stays_exact() {
 #[test]
 fn a_rank_that_leaves_a_direct_all_reduce_is_named_by_every_other() {
     let n = 4;
-    let cables: Vec<(u32, u32)> = (0..n)
-        .flat_map(|a| (a + 1..n).map(move |b| (a, b)))
-        .collect();
-    let topology = cabled(n, &cables);
+    let topology = mesh(n);
     let outcomes = common::on_each(world(n, &topology), move |group| {
         if group.rank() == 3 {
             group.abort();
@@ -235,10 +237,7 @@ fn a_rank_that_leaves_a_direct_all_reduce_is_named_by_every_other() {
 #[test]
 fn a_rank_that_aborts_during_a_direct_all_reduce_is_named_or_the_result_is_exact() {
     let n = 4;
-    let cables: Vec<(u32, u32)> = (0..n)
-        .flat_map(|a| (a + 1..n).map(move |b| (a, b)))
-        .collect();
-    let topology = cabled(n, &cables);
+    let topology = mesh(n);
     let outcomes = common::on_each(world(n, &topology), |group| {
         // 16 MiB: blocks of 4 MiB, sixteen segments in the reduce-scatter's pipeline. Rank 3
         // aborts before, during or after its own part, wherever its other thread gets to run:
