@@ -190,15 +190,13 @@ pub(crate) struct RingSeat<'a> {
 impl<'a> RingSeat<'a> {
     /// Group rank `rank`'s seat in a ring of `size` ranks in `order` (rank order for `None`).
     pub(crate) fn new(order: Option<&'a RingOrder>, size: usize, rank: u32) -> RingSeat<'a> {
-        let order = order.map(RingOrder::ranks_in_order);
-        let position = order
-            .and_then(|o| o.iter().position(|&r| r == rank))
-            .unwrap_or(rank as usize);
-        RingSeat {
-            order,
+        let mut seat = RingSeat {
+            order: order.map(RingOrder::ranks_in_order),
             size,
-            position,
-        }
+            position: 0,
+        };
+        seat.position = seat.position_of(rank);
+        seat
     }
 
     /// Whether the ring runs in rank order.
@@ -210,6 +208,13 @@ impl<'a> RingSeat<'a> {
     /// This rank's position.
     pub(crate) fn position(&self) -> usize {
         self.position
+    }
+
+    /// The position of group rank `rank`.
+    pub(crate) fn position_of(&self, rank: u32) -> usize {
+        self.order
+            .and_then(|o| o.iter().position(|&r| r == rank))
+            .unwrap_or(rank as usize)
     }
 
     /// The group rank at `position`, whose block travels under it.

@@ -134,6 +134,7 @@ impl CollectiveOp {
                 Algorithm::Auto,
                 Algorithm::BinomialTree,
                 Algorithm::PipelinedChain,
+                Algorithm::Direct,
             ],
             CollectiveOp::AllToAll => &[Algorithm::Auto, Algorithm::Pairwise, Algorithm::Direct],
             CollectiveOp::ReduceScatter => &[
@@ -168,8 +169,9 @@ pub enum Algorithm {
     /// before rings followed the cables, kept to compare with it.
     RankOrderRing,
     /// Every rank exchanges a block with every peer at once, one exchange per cable: direct
-    /// reduce-scatter and all-gather (all-reduce), direct reduce-scatter or all-gather, or the
-    /// pairwise all-to-all's steps all at once. What `Auto` picks above the small sizes on a full mesh
+    /// reduce-scatter and all-gather (all-reduce), direct reduce-scatter or all-gather, the
+    /// pairwise all-to-all's steps all at once, or a direct scatter from the root followed by
+    /// the direct all-gather (broadcast). What `Auto` picks above the small sizes on a full mesh
     /// of cables, where it keeps every cable busy.
     Direct,
     /// Recursive doubling with the non-power-of-two fold (all-reduce).
@@ -180,7 +182,8 @@ pub enum Algorithm {
     Pairwise,
     /// Binomial-tree broadcast.
     BinomialTree,
-    /// Segmented chain broadcast (rank order starting at the root).
+    /// Segmented chain broadcast, from the root along the group's ring order (rank order
+    /// unless the cables make another order cheaper).
     PipelinedChain,
     /// The segmented ring all-reduce over the symmetric heap: put-with-signal into the next
     /// rank's slots instead of send/receive. Needs the world group of a transport with a heap
@@ -356,6 +359,7 @@ impl Settings {
             Algorithm::Auto if bytes <= SMALL_MESSAGE_BYTES || world <= 2 => {
                 Algorithm::BinomialTree
             }
+            Algorithm::Auto if self.cabled_mesh => Algorithm::Direct,
             Algorithm::Auto => Algorithm::PipelinedChain,
             forced => forced,
         };
@@ -402,6 +406,8 @@ mod tests {
         assert_eq!(mesh.all_gather(1024), Algorithm::Bruck);
         assert_eq!(mesh.all_to_all(1 << 20), Algorithm::Direct);
         assert_eq!(mesh.reduce_scatter(1 << 20), Algorithm::Direct);
+        assert_eq!(mesh.broadcast(1 << 20, 4), Algorithm::Direct);
+        assert_eq!(mesh.broadcast(1 << 20, 2), Algorithm::BinomialTree);
         assert_eq!(s.reduce_scatter(1 << 20), Algorithm::Ring);
         assert_eq!(mesh.all_to_all(1024), Algorithm::Pairwise);
         assert_eq!(s.all_to_all(1 << 20), Algorithm::Pairwise);

@@ -95,6 +95,7 @@ fn options(seed: u64) -> ConformanceOptions {
             CollectiveOp::ReduceScatter,
             CollectiveOp::AllGather,
             CollectiveOp::AllToAll,
+            CollectiveOp::Broadcast,
         ],
         sizes: vec![0, 1, 7, 13, 1009],
         max_segment_bytes: Some(256),
@@ -188,12 +189,17 @@ fn a_full_mesh_exchanges_with_every_peer_at_once_and_stays_exact() {
                 .flight_record()
                 .pop()
                 .expect("the reduce-scatter's entry");
+            let mut hidden = vec![group.rank() as f32; 1 << 16];
+            group.broadcast(1, &mut hidden)?;
+            assert!(hidden.iter().all(|&x| x == 1.0));
+            let broadcast = group.flight_record().pop().expect("the broadcast's entry");
             Ok::<_, rlx_collective::CollectiveError>((
                 report?,
                 [
                     all_reduce.algorithm,
                     all_to_all.algorithm,
                     reduce_scatter.algorithm,
+                    broadcast.algorithm,
                 ],
             ))
         });
@@ -202,7 +208,7 @@ fn a_full_mesh_exchanges_with_every_peer_at_once_and_stays_exact() {
                 outcome.unwrap_or_else(|e| panic!("{n} ranks, rank {rank}: {e}"));
             assert!(report.passed(), "{n}-rank mesh: {}", report.summary());
             let direct = Some(Algorithm::Direct.name());
-            assert_eq!(algorithms, [direct, direct, direct], "{n}-rank mesh");
+            assert_eq!(algorithms, [direct; 4], "{n}-rank mesh");
         }
     }
 }

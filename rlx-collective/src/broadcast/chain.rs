@@ -1,5 +1,6 @@
-//! Pipelined chain broadcast for large buffers: the root streams segments to the next rank,
-//! which forwards each segment as soon as it lands. Every link carries the buffer once, so the
+//! Pipelined chain broadcast for large buffers: the root streams segments to the next rank of
+//! the group's ring order (see [`crate::ring_order`]: the cables' order where the link matrix
+//! shows one), which forwards each segment as soon as it lands. Every link carries the buffer once, so the
 //! time approaches one buffer transfer plus (n-2) segment transfers. A rank receives the next
 //! segment while its forward of the last one is in flight (see `OpCtx::send_during`), so where
 //! ranks copy their messages themselves every rank of the chain copies all the time.
@@ -7,19 +8,21 @@
 use crate::Result;
 use crate::layout;
 use crate::op::OpCtx;
+use crate::ring_order::RingSeat;
 
-/// Copies the root's `data` into every rank's `data`, `segment_bytes` at a time.
+/// Copies the root's `data` into every rank's `data`, `segment_bytes` at a time, along the
+/// ring of `seat` from the root.
 pub(crate) fn run(
     ctx: &OpCtx<'_>,
+    seat: RingSeat<'_>,
     root: u32,
     data: &mut [u8],
     elem_size: usize,
     segment_bytes: usize,
 ) -> Result<()> {
-    let n = ctx.size();
-    let relative = (ctx.rank + n - root) % n;
-    let prev = (ctx.rank + n - 1) % n;
-    let next = (ctx.rank + 1) % n;
+    let n = ctx.size() as usize;
+    let relative = (seat.position() + n - seat.position_of(root)) % n;
+    let (prev, next) = (seat.prev(), seat.next());
     let count = data.len() / elem_size.max(1);
     let segments = layout::segment_count(count, segment_bytes / elem_size.max(1));
     let range =

@@ -2,6 +2,7 @@
 
 pub(crate) mod binomial;
 pub(crate) mod chain;
+pub(crate) mod direct;
 
 use crate::op::OpCtx;
 use crate::select::Algorithm;
@@ -19,9 +20,11 @@ pub(crate) fn run(ctx: &OpCtx<'_>, root: u32, data: &mut [u8], dtype: DType) -> 
     ctx.record_algorithm(algorithm.name());
     match algorithm {
         Algorithm::BinomialTree => binomial::run(ctx, root, data),
+        Algorithm::Direct => direct::run(ctx, root, data, dtype.size()),
         Algorithm::PipelinedChain => {
             let segment_bytes = ctx.segment_bytes(data.len(), dtype.size());
-            chain::run(ctx, root, data, dtype.size(), segment_bytes)
+            let seat = ctx.ring_seat(Algorithm::Ring);
+            chain::run(ctx, seat, root, data, dtype.size(), segment_bytes)
         }
         other => Err(CollectiveError::invalid(format!(
             "algorithm {other} does not apply to broadcast"
