@@ -28,13 +28,13 @@ mod socket;
 mod store;
 
 use std::io;
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use rlx_transport::bootstrap::resolve;
 use rlx_transport::interfaces::InterfaceAddress;
-use rlx_transport::{CollectiveError, Rendezvous};
+use rlx_transport::{CollectiveError, Rendezvous, Topology};
 
 use crate::auth::random_bytes;
 use crate::handshake::Expectation;
@@ -78,13 +78,20 @@ fn log_peer_path(peer: usize, streams: &[TcpStream], interfaces: &[InterfaceAddr
     );
 }
 
+/// What rendezvous hands to link establishment: this rank's listeners, every rank's listening
+/// addresses, and, through a store, every rank's process instance and the link matrix.
+struct Rendezvoused {
+    listeners: Vec<TcpListener>,
+    table: Vec<Vec<SocketAddr>>,
+    instances: Option<Vec<u64>>,
+    topology: Option<Topology>,
+}
+
 /// Establishes every link of this rank; see the module docs.
 pub(crate) fn establish(cfg: &BootConfig) -> Result<Established, CollectiveError> {
-    let world = cfg.world as usize;
-    let links: Vec<Vec<TcpStream>> = (0..world).map(|_| Vec::new()).collect();
     if cfg.world == 1 {
         return Ok(Established {
-            links,
+            links: vec![Vec::new()],
             addrs: vec![None],
             topology: None,
         });
@@ -94,78 +101,114 @@ pub(crate) fn establish(cfg: &BootConfig) -> Result<Established, CollectiveError
     let _span = tracing::info_span!("bootstrap", rank = cfg.rank, world = cfg.world).entered();
     tracing::debug!(rendezvous = ?cfg.rendezvous, links = cfg.links, "joining");
     let instance = u64::from_le_bytes(random_bytes::<8>()?);
-    let (listeners, table, instances, topology) = match &cfg.rendezvous {
-        Rendezvous::Hostfile(entries) => {
-            if entries.len() != world {
-                return Err(CollectiveError::config(format!(
-                    "the hostfile lists {} ranks for a world of {}",
-                    entries.len(),
-                    cfg.world
-                )));
-            }
-            let mut table = Vec::with_capacity(world);
-            for entry in entries {
-                let mut addrs = Vec::new();
-                for a in entry {
-                    addrs.push(resolve(a)?[0]);
-                }
-                table.push(addrs);
-            }
-            let mut listeners = Vec::new();
-            for addr in &table[cfg.rank as usize] {
-                let setup = cfg.socket_setup.as_ref();
-                let listener = listen(*addr, setup)
-                    .or_else(|_| listen((unspecified(addr.ip()), addr.port()).into(), setup))
-                    .map_err(|e| {
-                        CollectiveError::config(format!(
-                            "rank {} cannot listen on {addr} from the hostfile: {e}",
-                            cfg.rank
-                        ))
-                    })?;
-                listeners.push(listener);
-            }
-            (listeners, table, None, None)
-        }
-        Rendezvous::Store { host, port } => {
-            let master = resolve(&format!("{host}:{port}"))?;
-            let scope = store_scope(&master);
-            let (bind_ip, advertise_ip) = choose_ip(cfg, &master)?;
-            let bind = with_scope((bind_ip, 0).into(), scope);
-            let listener = listen(bind, cfg.socket_setup.as_ref()).map_err(|e| io_err(None, e))?;
-            let port = listener.local_addr().map_err(|e| io_err(None, e))?.port();
-            let me = Registration {
-                instance,
-                addrs: vec![(advertise_ip, port).into()],
-                networks: networks::of_this_host(),
-            };
-            let regs = if cfg.rank == 0 {
-                serve_store(cfg, &master, me, deadline)?
-            } else {
-                register(cfg, &master, &me, deadline)?
-            };
-            let instances: Vec<u64> = regs.iter().map(|r| r.instance).collect();
-            let topology = networks::topology(&regs);
-            let table = regs
-                .into_iter()
-                .map(|r| r.addrs.into_iter().map(|a| with_scope(a, scope)).collect())
-                .collect();
-            (vec![listener], table, Some(instances), Some(topology))
-        }
+    let met = match &cfg.rendezvous {
+        Rendezvous::Hostfile(entries) => by_hostfile(cfg, entries)?,
+        Rendezvous::Store { host, port } => by_store(cfg, host, *port, instance, deadline)?,
     };
+    let established = link_all(cfg, met, instance, deadline)?;
+    tracing::info!(elapsed = ?started.elapsed(), "every link is up");
+    Ok(established)
+}
+
+/// Rendezvous through a hostfile: every rank's addresses as listed, and this rank's listeners
+/// on its own.
+fn by_hostfile(cfg: &BootConfig, entries: &[Vec<String>]) -> Result<Rendezvoused, CollectiveError> {
+    if entries.len() != cfg.world as usize {
+        return Err(CollectiveError::config(format!(
+            "the hostfile lists {} ranks for a world of {}",
+            entries.len(),
+            cfg.world
+        )));
+    }
+    let mut table = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let mut addrs = Vec::new();
+        for a in entry {
+            addrs.push(resolve(a)?[0]);
+        }
+        table.push(addrs);
+    }
+    let mut listeners = Vec::new();
+    for addr in &table[cfg.rank as usize] {
+        let setup = cfg.socket_setup.as_ref();
+        let listener = listen(*addr, setup)
+            .or_else(|_| listen((unspecified(addr.ip()), addr.port()).into(), setup))
+            .map_err(|e| {
+                CollectiveError::config(format!(
+                    "rank {} cannot listen on {addr} from the hostfile: {e}",
+                    cfg.rank
+                ))
+            })?;
+        listeners.push(listener);
+    }
+    Ok(Rendezvoused {
+        listeners,
+        table,
+        instances: None,
+        topology: None,
+    })
+}
+
+/// Rendezvous through rank 0's store at `host:port`: this rank listens, registers its address
+/// and networks, and gets every rank's back.
+fn by_store(
+    cfg: &BootConfig,
+    host: &str,
+    port: u16,
+    instance: u64,
+    deadline: Instant,
+) -> Result<Rendezvoused, CollectiveError> {
+    let master = resolve(&format!("{host}:{port}"))?;
+    let scope = store_scope(&master);
+    let (bind_ip, advertise_ip) = choose_ip(cfg, &master)?;
+    let bind = with_scope((bind_ip, 0).into(), scope);
+    let listener = listen(bind, cfg.socket_setup.as_ref()).map_err(|e| io_err(None, e))?;
+    let port = listener.local_addr().map_err(|e| io_err(None, e))?.port();
+    let me = Registration {
+        instance,
+        addrs: vec![(advertise_ip, port).into()],
+        networks: networks::of_this_host(),
+    };
+    let regs = if cfg.rank == 0 {
+        serve_store(cfg, &master, me, deadline)?
+    } else {
+        register(cfg, &master, &me, deadline)?
+    };
+    let instances = regs.iter().map(|r| r.instance).collect();
+    let topology = networks::topology(&regs);
+    let table = regs
+        .into_iter()
+        .map(|r| r.addrs.into_iter().map(|a| with_scope(a, scope)).collect())
+        .collect();
+    Ok(Rendezvoused {
+        listeners: vec![listener],
+        table,
+        instances: Some(instances),
+        topology: Some(topology),
+    })
+}
+
+/// Connects to every lower rank and accepts every higher one at once, handshaking each link.
+fn link_all(
+    cfg: &BootConfig,
+    met: Rendezvoused,
+    instance: u64,
+    deadline: Instant,
+) -> Result<Established, CollectiveError> {
     let expect = Expectation {
         job: cfg.job,
         world_size: cfg.world,
         my_rank: cfg.rank,
         links: cfg.links,
         has_secret: cfg.secret.is_some(),
-        instances: instances.as_deref(),
+        instances: met.instances.as_deref(),
     };
     let inbound = (cfg.world - cfg.rank - 1) as usize * cfg.links as usize;
     let failed = AtomicBool::new(false);
     let (accepted, outbound) = std::thread::scope(|scope| {
         let acceptor =
-            scope.spawn(|| accept_all(cfg, &listeners, &expect, inbound, deadline, &failed));
-        let outbound = connect_all(cfg, &table, instance, deadline);
+            scope.spawn(|| accept_all(cfg, &met.listeners, &expect, inbound, deadline, &failed));
+        let outbound = connect_all(cfg, &met.table, instance, deadline);
         if outbound.is_err() {
             failed.store(true, Ordering::SeqCst);
         }
@@ -174,20 +217,20 @@ pub(crate) fn establish(cfg: &BootConfig) -> Result<Established, CollectiveError
             .unwrap_or_else(|_| Err(CollectiveError::config("the accept thread panicked")));
         (accepted, outbound)
     });
-    let mut established = assemble(cfg, links, outbound?.into_iter().chain(accepted?))?;
-    established.topology = topology;
-    tracing::info!(elapsed = ?started.elapsed(), "every link is up");
-    Ok(established)
+    let streams = outbound?.into_iter().chain(accepted?);
+    assemble(cfg, streams, met.topology)
 }
 
 /// Puts the connected and accepted `streams` (peer rank, link index, stream) in their places,
-/// tunes each and notes each peer's address: every link of every peer must be there.
+/// tunes each and notes each peer's address: every link of every peer must be there. The
+/// link matrix from rendezvous goes along.
 fn assemble(
     cfg: &BootConfig,
-    mut links: Vec<Vec<TcpStream>>,
     streams: impl Iterator<Item = (u32, u32, TcpStream)>,
+    topology: Option<Topology>,
 ) -> Result<Established, CollectiveError> {
     let world = cfg.world as usize;
+    let mut links: Vec<Vec<TcpStream>> = (0..world).map(|_| Vec::new()).collect();
     let mut slots: Vec<Vec<Option<TcpStream>>> = (0..world)
         .map(|_| (0..cfg.links).map(|_| None).collect())
         .collect();
@@ -216,6 +259,6 @@ fn assemble(
     Ok(Established {
         links,
         addrs,
-        topology: None,
+        topology,
     })
 }

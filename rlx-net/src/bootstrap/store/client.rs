@@ -12,7 +12,7 @@ use crate::handshake::{self, RefusalCode};
 
 use super::wire::{
     Registration, STATUS_CHALLENGE, STATUS_TABLE, STORE_MAGIC, encode_registration, rank_mac,
-    read_addrs, read_networks, read_u32, read_u64, verify_store_mac,
+    read_reachability, read_u32, read_u64, verify_store_mac,
 };
 use crate::bootstrap::config::BootConfig;
 use crate::bootstrap::connect::{backoff, connect_retrying, io_text};
@@ -76,37 +76,11 @@ pub(crate) fn exchange<S: Read + Write>(
 ) -> Result<Option<Vec<Registration>>, CollectiveError> {
     let registration = encode_registration(cfg, me, nonce);
     s.write_all(&registration).map_err(&io0)?;
-    let read_status = |s: &mut S| -> Result<u32, CollectiveError> {
-        let mut magic = [0u8; 8];
-        s.read_exact(&mut magic).map_err(&io0)?;
-        if magic != STORE_MAGIC {
-            return Err(CollectiveError::protocol(
-                Some(0),
-                format!("{addr} is not an RLX rendezvous store (wrong magic)"),
-            ));
-        }
-        read_u32(s).map_err(&io0)
-    };
-    let mut status = read_status(s)?;
-    match (&cfg.secret, status) {
+    let status = read_status(s, addr, &io0)?;
+    let status = match (&cfg.secret, status) {
         (Some(secret), STATUS_CHALLENGE) => {
-            let mut their_nonce = [0u8; NONCE_LEN];
-            s.read_exact(&mut their_nonce).map_err(&io0)?;
-            let mut their_mac = [0u8; MAC_LEN];
-            s.read_exact(&mut their_mac).map_err(&io0)?;
-            let proven = verify_store_mac(secret, &registration, &their_nonce, &their_mac);
-            // Answer even when the store's proof failed, so that the store can report the
-            // mismatch too.
-            s.write_all(&rank_mac(secret, &registration, &their_nonce))
-                .map_err(&io0)?;
-            if !proven {
-                return Err(CollectiveError::config(format!(
-                    "the rendezvous store at {addr} failed to prove it holds RLX_JOB_SECRET \
-                     (the secrets differ); rank {} did not register with it",
-                    cfg.rank
-                )));
-            }
-            status = read_status(s)?;
+            prove_secret(s, cfg, secret, &registration, addr, &io0)?;
+            read_status(s, addr, &io0)?
         }
         (None, STATUS_CHALLENGE) => {
             return Err(CollectiveError::config(format!(
@@ -124,13 +98,70 @@ pub(crate) fn exchange<S: Read + Write>(
                 ),
             ));
         }
-        _ => {}
+        (_, status) => status,
+    };
+    read_answer(s, cfg, status, addr, &io0)
+}
+
+/// The magic and status of a store's answer.
+fn read_status(
+    s: &mut impl Read,
+    addr: SocketAddr,
+    io0: &impl Fn(io::Error) -> CollectiveError,
+) -> Result<u32, CollectiveError> {
+    let mut magic = [0u8; 8];
+    s.read_exact(&mut magic).map_err(io0)?;
+    if magic != STORE_MAGIC {
+        return Err(CollectiveError::protocol(
+            Some(0),
+            format!("{addr} is not an RLX rendezvous store (wrong magic)"),
+        ));
     }
-    let count = read_u32(s).map_err(&io0)?;
+    read_u32(s).map_err(io0)
+}
+
+/// Answers the store's challenge: checks its proof of `secret` over this rank's
+/// `registration`, and sends this rank's own proof whatever the check said, so that the
+/// store can report a mismatch too.
+fn prove_secret<S: Read + Write>(
+    s: &mut S,
+    cfg: &BootConfig,
+    secret: &[u8],
+    registration: &[u8],
+    addr: SocketAddr,
+    io0: &impl Fn(io::Error) -> CollectiveError,
+) -> Result<(), CollectiveError> {
+    let mut their_nonce = [0u8; NONCE_LEN];
+    s.read_exact(&mut their_nonce).map_err(io0)?;
+    let mut their_mac = [0u8; MAC_LEN];
+    s.read_exact(&mut their_mac).map_err(io0)?;
+    let proven = verify_store_mac(secret, registration, &their_nonce, &their_mac);
+    s.write_all(&rank_mac(secret, registration, &their_nonce))
+        .map_err(io0)?;
+    if !proven {
+        return Err(CollectiveError::config(format!(
+            "the rendezvous store at {addr} failed to prove it holds RLX_JOB_SECRET (the \
+             secrets differ); rank {} did not register with it",
+            cfg.rank
+        )));
+    }
+    Ok(())
+}
+
+/// The rest of the store's answer of `status`: the table, or the reason of a refusal
+/// (`None` when the store had no room).
+fn read_answer(
+    s: &mut impl Read,
+    cfg: &BootConfig,
+    status: u32,
+    addr: SocketAddr,
+    io0: &impl Fn(io::Error) -> CollectiveError,
+) -> Result<Option<Vec<Registration>>, CollectiveError> {
+    let count = read_u32(s).map_err(io0)?;
     if status != STATUS_TABLE {
         let len = (count as usize).min(handshake::MAX_REASON);
         let mut reason = vec![0u8; len];
-        s.read_exact(&mut reason).map_err(&io0)?;
+        s.read_exact(&mut reason).map_err(io0)?;
         let reason = String::from_utf8_lossy(&reason);
         if status == RefusalCode::Busy as u32 {
             tracing::info!(%addr, %reason, "the rendezvous store had no room; retrying");
@@ -152,9 +183,8 @@ pub(crate) fn exchange<S: Read + Write>(
     }
     let mut table = Vec::with_capacity(count as usize);
     for _ in 0..count {
-        let instance = read_u64(s).map_err(&io0)?;
-        let addrs = read_addrs(s).map_err(&io0)?;
-        let networks = read_networks(s).map_err(&io0)?;
+        let instance = read_u64(s).map_err(io0)?;
+        let (addrs, networks) = read_reachability(s).map_err(io0)?;
         table.push(Registration {
             instance,
             addrs,

@@ -126,7 +126,7 @@ fn put_reachability(out: &mut Vec<u8>, reg: &Registration) {
 }
 
 /// The networks after a registration's addresses.
-pub(super) fn read_networks(r: &mut impl Read) -> io::Result<Vec<Subnet>> {
+fn read_networks(r: &mut impl Read) -> io::Result<Vec<Subnet>> {
     let mut n = [0u8; 1];
     r.read_exact(&mut n)?;
     if usize::from(n[0]) > MAX_NETWORKS {
@@ -266,7 +266,13 @@ pub(super) fn read_u64(r: &mut impl Read) -> io::Result<u64> {
     Ok(u64::from_le_bytes(b))
 }
 
-pub(super) fn read_addrs(r: &mut impl Read) -> io::Result<Vec<SocketAddr>> {
+/// A registration's addresses and networks, as [`put_reachability`] wrote them.
+pub(super) fn read_reachability(r: &mut impl Read) -> io::Result<(Vec<SocketAddr>, Vec<Subnet>)> {
+    let addrs = read_addrs(r)?;
+    Ok((addrs, read_networks(r)?))
+}
+
+fn read_addrs(r: &mut impl Read) -> io::Result<Vec<SocketAddr>> {
     let mut n = [0u8; 1];
     r.read_exact(&mut n)?;
     if n[0] == 0 || usize::from(n[0]) > MAX_ADDRS {
@@ -289,80 +295,16 @@ pub(crate) struct Received {
 
 /// Reads and checks a registration against the store's `cfg`.
 pub(crate) fn read_registration(cfg: &BootConfig, r: &mut impl Read) -> Result<Received, Refusal> {
-    let other = |e: io::Error| Refusal::new(RefusalCode::Other, format!("bad registration: {e}"));
     let r = &mut Recording {
         inner: r,
         bytes: Vec::with_capacity(80),
     };
-    let mut magic = [0u8; 8];
-    r.read_exact(&mut magic).map_err(other)?;
-    if magic != STORE_MAGIC {
-        return Err(Refusal::new(
-            RefusalCode::NotRlx,
-            "not an RLX store registration (wrong magic)",
-        ));
-    }
-    let version = read_u32(r).map_err(other)?;
-    if version != PROTOCOL_VERSION {
-        return Err(Refusal::new(
-            RefusalCode::Version,
-            format!("protocol version {version} is not {PROTOCOL_VERSION}"),
-        ));
-    }
-    let flags = read_u32(r).map_err(other)?;
-    if flags & !FLAG_SECRET != 0 {
-        return Err(Refusal::new(
-            RefusalCode::Version,
-            format!(
-                "unknown registration flags {flags:#x} (protocol version {PROTOCOL_VERSION} knows only the job secret's)"
-            ),
-        ));
-    }
-    let mut job = [0u8; 16];
-    r.read_exact(&mut job).map_err(other)?;
-    if job != cfg.job {
-        return Err(Refusal::new(
-            RefusalCode::WrongJob,
-            "the job id differs (another job, or RLX_JOB_ID differs)",
-        ));
-    }
-    match (flags & FLAG_SECRET != 0, cfg.secret.is_some()) {
-        (true, false) => {
-            return Err(Refusal::new(
-                RefusalCode::Secret,
-                "RLX_JOB_SECRET is set on this rank but not on the store's (rank 0)",
-            ));
-        }
-        (false, true) => {
-            return Err(Refusal::new(
-                RefusalCode::Secret,
-                "RLX_JOB_SECRET is set on the store's rank (rank 0) but not on this rank",
-            ));
-        }
-        _ => {}
-    }
-    let world = read_u32(r).map_err(other)?;
-    if world != cfg.world {
-        return Err(Refusal::new(
-            RefusalCode::WrongWorld,
-            format!("world size {world} differs from the store's {}", cfg.world),
-        ));
-    }
-    let rank = read_u32(r).map_err(other)?;
-    if rank == 0 || rank >= world {
-        return Err(Refusal::new(
-            RefusalCode::BadRank,
-            format!(
-                "rank {rank} cannot register (the store takes ranks 1 to {})",
-                world.saturating_sub(1)
-            ),
-        ));
-    }
-    let instance = read_u64(r).map_err(other)?;
+    read_preamble(cfg, r)?;
+    let rank = read_rank(cfg, r)?;
+    let instance = read_u64(r).map_err(bad_registration)?;
     let mut nonce = [0u8; NONCE_LEN];
-    r.read_exact(&mut nonce).map_err(other)?;
-    let addrs = read_addrs(r).map_err(other)?;
-    let networks = read_networks(r).map_err(other)?;
+    r.read_exact(&mut nonce).map_err(bad_registration)?;
+    let (addrs, networks) = read_reachability(r).map_err(bad_registration)?;
     Ok(Received {
         rank,
         reg: Registration {
@@ -372,6 +314,81 @@ pub(crate) fn read_registration(cfg: &BootConfig, r: &mut impl Read) -> Result<R
         },
         bytes: std::mem::take(&mut r.bytes),
     })
+}
+
+/// The refusal of a registration that could not be read.
+fn bad_registration(e: io::Error) -> Refusal {
+    Refusal::new(RefusalCode::Other, format!("bad registration: {e}"))
+}
+
+/// Reads and checks what every registration starts with: magic, version, flags, job, and
+/// whether both sides hold a job secret.
+fn read_preamble(cfg: &BootConfig, r: &mut impl Read) -> Result<(), Refusal> {
+    let mut magic = [0u8; 8];
+    r.read_exact(&mut magic).map_err(bad_registration)?;
+    if magic != STORE_MAGIC {
+        return Err(Refusal::new(
+            RefusalCode::NotRlx,
+            "not an RLX store registration (wrong magic)",
+        ));
+    }
+    let version = read_u32(r).map_err(bad_registration)?;
+    if version != PROTOCOL_VERSION {
+        return Err(Refusal::new(
+            RefusalCode::Version,
+            format!("protocol version {version} is not {PROTOCOL_VERSION}"),
+        ));
+    }
+    let flags = read_u32(r).map_err(bad_registration)?;
+    if flags & !FLAG_SECRET != 0 {
+        return Err(Refusal::new(
+            RefusalCode::Version,
+            format!(
+                "unknown registration flags {flags:#x} (protocol version {PROTOCOL_VERSION} knows only the job secret's)"
+            ),
+        ));
+    }
+    let mut job = [0u8; 16];
+    r.read_exact(&mut job).map_err(bad_registration)?;
+    if job != cfg.job {
+        return Err(Refusal::new(
+            RefusalCode::WrongJob,
+            "the job id differs (another job, or RLX_JOB_ID differs)",
+        ));
+    }
+    match (flags & FLAG_SECRET != 0, cfg.secret.is_some()) {
+        (true, false) => Err(Refusal::new(
+            RefusalCode::Secret,
+            "RLX_JOB_SECRET is set on this rank but not on the store's (rank 0)",
+        )),
+        (false, true) => Err(Refusal::new(
+            RefusalCode::Secret,
+            "RLX_JOB_SECRET is set on the store's rank (rank 0) but not on this rank",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Reads the world size and the rank of a registration, which must be one the store takes.
+fn read_rank(cfg: &BootConfig, r: &mut impl Read) -> Result<u32, Refusal> {
+    let world = read_u32(r).map_err(bad_registration)?;
+    if world != cfg.world {
+        return Err(Refusal::new(
+            RefusalCode::WrongWorld,
+            format!("world size {world} differs from the store's {}", cfg.world),
+        ));
+    }
+    let rank = read_u32(r).map_err(bad_registration)?;
+    if rank == 0 || rank >= world {
+        return Err(Refusal::new(
+            RefusalCode::BadRank,
+            format!(
+                "rank {rank} cannot register (the store takes ranks 1 to {})",
+                world.saturating_sub(1)
+            ),
+        ));
+    }
+    Ok(rank)
 }
 
 pub(crate) fn store_reply(status: Result<&[Registration], &Refusal>) -> Vec<u8> {
