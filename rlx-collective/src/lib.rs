@@ -104,6 +104,7 @@ mod kernels;
 mod layout;
 mod length_census;
 mod op;
+mod per_cable;
 mod reduce;
 mod reduce_scatter;
 mod ring_order;

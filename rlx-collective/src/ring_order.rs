@@ -8,8 +8,8 @@
 //! at half its speed, while the ring 0→2→1→3→0 puts at most one (the hop that closes a chain's
 //! ring crosses the others, in the direction they do not use).
 //!
-//! The order is the cheapest cycle by [`Reach::hop_cost`] (cable, switch, route), found
-//! exactly for up to [`EXACT_RANKS`] ranks (Held and Karp's dynamic programme over subsets,
+//! The order is the cheapest cycle by [`Reach::hop_cost`](rlx_transport::Reach::hop_cost)
+//! (cable, switch, route), found exactly for up to [`EXACT_RANKS`] ranks (Held and Karp's dynamic programme over subsets,
 //! 12² · 2¹² steps) and greedily above (each next rank the cheapest unvisited one). Every rank
 //! computes it from the same matrix and so gets the same order. Rank order is kept whenever
 //! it costs no more, so a star, one host, a full mesh or a group without a matrix rings as it
@@ -17,7 +17,7 @@
 
 use std::fmt;
 
-use rlx_transport::{Reach, Topology};
+use rlx_transport::Topology;
 
 /// The largest group whose order is searched exactly.
 pub(crate) const EXACT_RANKS: usize = 12;
@@ -64,7 +64,7 @@ impl RingOrder {
 
     /// Whether this is rank order.
     pub(crate) fn is_rank_order(&self) -> bool {
-        self.order.iter().enumerate().all(|(i, &r)| i == r as usize)
+        in_rank_order(&self.order)
     }
 
     /// The group ranks in ring order.
@@ -75,11 +75,7 @@ impl RingOrder {
     /// The hops of this order that no cable or switch carries (each crosses another machine),
     /// as (from, to) pairs, for the start-up line.
     pub(crate) fn routed_hops(&self, topology: &Topology) -> Vec<(u32, u32)> {
-        let n = self.order.len();
-        (0..n)
-            .map(|i| (self.order[i], self.order[(i + 1) % n]))
-            .filter(|&(a, b)| topology.reach(a, b) == Reach::Routed)
-            .collect()
+        topology.routed_hops(&self.order)
     }
 }
 
@@ -102,6 +98,11 @@ fn lower_neighbour_first(mut order: Vec<u32>) -> Vec<u32> {
         order[1..].reverse();
     }
     order
+}
+
+/// Whether `order` lists the ranks in rank order.
+fn in_rank_order(order: &[u32]) -> bool {
+    order.iter().enumerate().all(|(i, &r)| i == r as usize)
 }
 
 /// The cost of the cycle through `order` and back to its start.
@@ -201,8 +202,7 @@ impl<'a> RingSeat<'a> {
 
     /// Whether the ring runs in rank order.
     pub(crate) fn is_rank_order(&self) -> bool {
-        self.order
-            .is_none_or(|o| o.iter().enumerate().all(|(i, &r)| i == r as usize))
+        self.order.is_none_or(in_rank_order)
     }
 
     /// This rank's position.
@@ -237,6 +237,7 @@ impl<'a> RingSeat<'a> {
 
 #[cfg(test)]
 mod tests {
+    use rlx_transport::Reach;
     use rlx_transport::topology::Subnet;
 
     use super::*;

@@ -82,10 +82,8 @@ fn world(n: u32, topology: &Topology) -> Vec<ProcessGroup> {
 
 /// How many hops of `group`'s rings cross another machine.
 fn routed_hops(group: &ProcessGroup) -> usize {
-    let (order, topology) = (group.ring_order(), group.topology().expect("a link matrix"));
-    (0..order.len())
-        .filter(|&i| topology.reach(order[i], order[(i + 1) % order.len()]) == Reach::Routed)
-        .count()
+    let topology = group.topology().expect("a link matrix");
+    topology.routed_hops(group.ring_order()).len()
 }
 
 fn options(seed: u64) -> ConformanceOptions {

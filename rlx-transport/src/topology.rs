@@ -173,6 +173,16 @@ impl Topology {
         })
     }
 
+    /// The hops of a ring through `ring` (ranks of this matrix, back to the first) that no
+    /// cable or switch carries, each crossing other machines, as (from, to) pairs.
+    pub fn routed_hops(&self, ring: &[u32]) -> Vec<(u32, u32)> {
+        let n = ring.len();
+        (0..n)
+            .map(|i| (ring[i], ring[(i + 1) % n]))
+            .filter(|&(a, b)| self.reach(a, b) == Reach::Routed)
+            .collect()
+    }
+
     /// Whether a cable joins every pair of distinct ranks, and there are at least three (two
     /// ranks have one cable whatever the plan).
     pub fn is_cable_mesh(&self) -> bool {
@@ -277,6 +287,8 @@ mod tests {
         let cables: Vec<Vec<Subnet>> = networks.iter().map(|r| r[1..].to_vec()).collect();
         let t = Topology::from_networks(&cables);
         assert_eq!(t.reach(0, 2), Reach::Routed);
+        assert_eq!(t.routed_hops(&[0, 1, 2]), [(2, 0)]);
+        assert_eq!(t.routed_hops(&[0, 2, 1]), [(0, 2)]);
         assert_eq!(t.link(0, 2).unwrap().local, None);
         // The matrix of ranks 2 and 0 only, in that order.
         let sub = t.restricted(&[2, 0]).unwrap();

@@ -9,9 +9,10 @@
 //! every rank is part of a permutation and no cable carries two messages one way. Blocks land
 //! straight in the caller's buffer; nothing is allocated but the threads.
 
+use crate::Result;
 use crate::layout::{self, Blocks};
 use crate::op::OpCtx;
-use crate::{CollectiveError, Result};
+use crate::per_cable::concurrently;
 
 /// Fills every block of `data` (cut by `blocks`, elements of `elem_size` bytes) from its owner;
 /// block `rank` must already hold this rank's contribution. Needs at least two ranks.
@@ -38,55 +39,4 @@ pub(crate) fn run(
     concurrently(ctx, exchanges, |(to, from, into)| {
         ctx.send_recv_into(to, own, from, into)
     })
-}
-
-/// Runs `exchange` on every item of `work` at once, one scoped thread per item but the last,
-/// which runs on the caller's thread, and returns the first error. A fatal error is told to
-/// the group as soon as it happens, so that the other exchanges of this rank and of its peers
-/// end at once instead of waiting on ranks that wait on this one.
-pub(crate) fn concurrently<T: Send>(
-    ctx: &OpCtx<'_>,
-    work: Vec<T>,
-    exchange: impl Fn(T) -> Result<()> + Sync,
-) -> Result<()> {
-    let exchange = |item: T| {
-        exchange(item).inspect_err(|error| {
-            if error.is_fatal() {
-                ctx.notify_failure(error);
-            }
-        })
-    };
-    std::thread::scope(|scope| {
-        let mut work = work;
-        let last = work.pop();
-        let threads: Vec<_> = work
-            .into_iter()
-            .map(|item| {
-                std::thread::Builder::new()
-                    .name(format!("rlx-{}-cable", ctx.name()))
-                    .spawn_scoped(scope, || exchange(item))
-            })
-            .collect();
-        let result = last.map_or(Ok(()), &exchange);
-        result.and(join_all(threads))
-    })
-}
-
-/// Waits for every thread of `threads` (each as spawning it went) and returns the first
-/// error; a thread's panic goes on in the caller.
-pub(crate) fn join_all(
-    threads: Vec<std::io::Result<std::thread::ScopedJoinHandle<'_, Result<()>>>>,
-) -> Result<()> {
-    let mut result = Ok(());
-    for thread in threads {
-        let joined = match thread {
-            Ok(handle) => match handle.join() {
-                Ok(joined) => joined,
-                Err(panic) => std::panic::resume_unwind(panic),
-            },
-            Err(source) => Err(CollectiveError::Io { peer: None, source }),
-        };
-        result = result.and(joined);
-    }
-    result
 }

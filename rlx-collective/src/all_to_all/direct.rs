@@ -5,9 +5,9 @@
 //! steps take n-1.
 
 use crate::Result;
-use crate::all_gather::direct::concurrently;
 use crate::layout::{self, Blocks};
 use crate::op::OpCtx;
+use crate::per_cable::concurrently;
 
 /// Sends block `j` of `send` to rank `j` and lands rank `i`'s block in block `i` of `recv`.
 pub(crate) fn run(

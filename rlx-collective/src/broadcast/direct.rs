@@ -5,9 +5,9 @@
 //! needs the whole buffer over every cable of the chain (twice as fast on four ranks).
 
 use crate::Result;
-use crate::all_gather::direct::concurrently;
 use crate::layout::{self, Blocks};
 use crate::op::OpCtx;
+use crate::per_cable::concurrently;
 
 /// Copies the root's `data` (elements of `elem_size` bytes) into every rank's `data`.
 pub(crate) fn run(ctx: &OpCtx<'_>, root: u32, data: &mut [u8], elem_size: usize) -> Result<()> {

@@ -15,9 +15,9 @@ use std::ops::Range;
 use parking_lot::{Condvar, Mutex};
 
 use super::Data;
-use crate::all_gather::direct::join_all;
 use crate::layout::{self, Blocks};
 use crate::op::OpCtx;
+use crate::per_cable::{self, join_all, tell_if_fatal};
 use crate::{CollectiveError, DType, ReduceKind, Result, kernels};
 
 /// How far the exchanges and the fold of a reduce-scatter are.
@@ -195,11 +195,9 @@ pub(crate) fn run(
         let threads: Vec<_> = (1..n)
             .map(|s| {
                 let (plan, slots, others, pipeline) = (&plan, &slots, &others, &pipeline);
-                std::thread::Builder::new()
-                    .name(format!("rlx-{}-cable", ctx.name()))
-                    .spawn_scoped(scope, move || {
-                        exchange_segments(ctx, plan, s, &slots[s - 1], others, pipeline)
-                    })
+                per_cable::spawn(scope, ctx, move || {
+                    exchange_segments(ctx, plan, s, &slots[s - 1], others, pipeline)
+                })
             })
             .collect();
         let mut acc = vec![0u8; most * wsize];
@@ -268,11 +266,7 @@ fn exchange_segments(
         let exchanged = ctx.send_recv_into(to as u32, send, from as u32, &mut slot[..len]);
         drop(slot);
         if let Err(error) = exchanged {
-            // Told at once, so that the other exchanges of this rank and of its peers end
-            // instead of waiting on ranks that wait on this one.
-            if error.is_fatal() {
-                ctx.notify_failure(&error);
-            }
+            tell_if_fatal(ctx, &error);
             pipeline.update(|p| p.failed = true);
             return Err(error);
         }

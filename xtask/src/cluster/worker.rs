@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use rlx_collective::conformance::{self, CaseResult, ConformanceOptions, DEFAULT_SIZES};
-use rlx_collective::{CollectiveOp, DType, ProcessGroup, Reach, ReduceKind};
+use rlx_collective::{CollectiveOp, DType, ProcessGroup, ReduceKind};
 
 use super::events::{CaseRecord, ErrorRecord, Event};
 use super::fault::{Fault, FaultKind, Point, Trigger};
@@ -300,9 +300,9 @@ fn check_rings_follow_cables(group: &ProcessGroup, most: usize) -> Result<(), St
         return Err("the transport reports no link matrix on a cabling".to_owned());
     };
     let order = group.ring_order();
-    let routed: Vec<String> = (0..order.len())
-        .map(|i| (order[i], order[(i + 1) % order.len()]))
-        .filter(|&(a, b)| topology.reach(a, b) == Reach::Routed)
+    let routed: Vec<String> = topology
+        .routed_hops(order)
+        .into_iter()
         .map(|(a, b)| format!("{a}->{b}"))
         .collect();
     if routed.len() > most {
