@@ -49,23 +49,22 @@ pub(crate) struct Registration {
 }
 
 fn put_addr(out: &mut Vec<u8>, addr: &SocketAddr) {
-    match addr {
-        SocketAddr::V4(a) => {
-            out.push(4);
-            out.extend_from_slice(&a.ip().octets());
-        }
-        SocketAddr::V6(a) => {
-            out.push(6);
-            out.extend_from_slice(&a.ip().octets());
-            out.extend_from_slice(&a.scope_id().to_le_bytes());
-        }
+    put_ip(out, addr.ip());
+    if let SocketAddr::V6(a) = addr {
+        out.extend_from_slice(&a.scope_id().to_le_bytes());
     }
     out.extend_from_slice(&addr.port().to_le_bytes());
 }
 
-/// A network: its family (4 or 6), its address, its prefix length.
+/// A network: its address (family and octets) and its prefix length.
 fn put_network(out: &mut Vec<u8>, network: &Subnet) {
-    match network.addr {
+    put_ip(out, network.addr);
+    out.push(network.prefix);
+}
+
+/// An IP address as its family (4 or 6) and its octets.
+fn put_ip(out: &mut Vec<u8>, ip: IpAddr) {
+    match ip {
         IpAddr::V4(ip) => {
             out.push(4);
             out.extend_from_slice(&ip.octets());
@@ -75,30 +74,33 @@ fn put_network(out: &mut Vec<u8>, network: &Subnet) {
             out.extend_from_slice(&ip.octets());
         }
     }
-    out.push(network.prefix);
 }
 
-fn get_network(r: &mut impl Read) -> io::Result<Subnet> {
+/// An IP address as [`put_ip`] wrote it; `what` names it in the error of an unknown family.
+fn get_ip(r: &mut impl Read, what: &str) -> io::Result<IpAddr> {
     let mut family = [0u8; 1];
     r.read_exact(&mut family)?;
-    let (addr, width) = match family[0] {
+    match family[0] {
         4 => {
             let mut b = [0u8; 4];
             r.read_exact(&mut b)?;
-            (IpAddr::V4(Ipv4Addr::from(b)), 32)
+            Ok(IpAddr::V4(Ipv4Addr::from(b)))
         }
         6 => {
             let mut b = [0u8; 16];
             r.read_exact(&mut b)?;
-            (IpAddr::V6(Ipv6Addr::from(b)), 128)
+            Ok(IpAddr::V6(Ipv6Addr::from(b)))
         }
-        other => {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("unknown network family {other}"),
-            ));
-        }
-    };
+        other => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unknown {what} family {other}"),
+        )),
+    }
+}
+
+fn get_network(r: &mut impl Read) -> io::Result<Subnet> {
+    let addr = get_ip(r, "network")?;
+    let width = if addr.is_ipv4() { 32 } else { 128 };
     let mut prefix = [0u8; 1];
     r.read_exact(&mut prefix)?;
     if prefix[0] > width {
@@ -139,34 +141,20 @@ fn read_networks(r: &mut impl Read) -> io::Result<Vec<Subnet>> {
 }
 
 fn get_addr(r: &mut impl Read) -> io::Result<SocketAddr> {
-    let mut family = [0u8; 1];
-    r.read_exact(&mut family)?;
-    let ip = match family[0] {
-        4 => {
-            let mut b = [0u8; 4];
-            r.read_exact(&mut b)?;
-            (IpAddr::V4(Ipv4Addr::from(b)), 0)
-        }
-        6 => {
-            let mut b = [0u8; 16];
-            r.read_exact(&mut b)?;
-            let mut scope = [0u8; 4];
-            r.read_exact(&mut scope)?;
-            (IpAddr::V6(Ipv6Addr::from(b)), u32::from_le_bytes(scope))
-        }
-        other => {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("unknown address family {other}"),
-            ));
-        }
+    let ip = get_ip(r, "address")?;
+    let scope = if ip.is_ipv6() {
+        let mut scope = [0u8; 4];
+        r.read_exact(&mut scope)?;
+        u32::from_le_bytes(scope)
+    } else {
+        0
     };
     let mut port = [0u8; 2];
     r.read_exact(&mut port)?;
     let port = u16::from_le_bytes(port);
     Ok(match ip {
-        (IpAddr::V6(v6), scope) => SocketAddr::V6(std::net::SocketAddrV6::new(v6, port, 0, scope)),
-        (ip, _) => SocketAddr::new(ip, port),
+        IpAddr::V6(v6) => SocketAddr::V6(std::net::SocketAddrV6::new(v6, port, 0, scope)),
+        ip => SocketAddr::new(ip, port),
     })
 }
 
