@@ -13,6 +13,7 @@
 //! The matrix knows nothing of speed yet: a cable is taken to be at least as fast as a switch,
 //! and a route to be the slowest (its bytes cross a third machine).
 
+use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
 
@@ -29,22 +30,24 @@ impl Subnet {
     /// Whether `self` and `other` are addresses of one network: the same family and prefix
     /// length, and the same leading `prefix` bits.
     pub fn same_network(&self, other: &Subnet) -> bool {
-        if self.prefix != other.prefix {
-            return false;
-        }
-        match (self.addr, other.addr) {
-            (IpAddr::V4(a), IpAddr::V4(b)) => {
-                high_bits(u128::from(u32::from(a)), 32, self.prefix)
-                    == high_bits(u128::from(u32::from(b)), 32, self.prefix)
-            }
-            (IpAddr::V6(a), IpAddr::V6(b)) => {
-                high_bits(u128::from(a), 128, self.prefix)
-                    == high_bits(u128::from(b), 128, self.prefix)
-            }
-            _ => false,
+        self.network() == other.network()
+    }
+
+    /// What identifies the network.
+    fn network(&self) -> NetworkId {
+        match self.addr {
+            IpAddr::V4(a) => (
+                false,
+                self.prefix,
+                high_bits(u32::from(a).into(), 32, self.prefix),
+            ),
+            IpAddr::V6(a) => (true, self.prefix, high_bits(a.into(), 128, self.prefix)),
         }
     }
 }
+
+/// A network: whether it is IPv6, its prefix length and the leading bits of its addresses.
+type NetworkId = (bool, u8, u128);
 
 /// The leading `prefix` bits of a `width`-bit address (all of them when `prefix` exceeds it).
 fn high_bits(addr: u128, width: u32, prefix: u8) -> u128 {
@@ -119,6 +122,16 @@ impl Topology {
     /// The matrix of ranks whose networks are `networks` (index = rank).
     pub fn from_networks(networks: &[Vec<Subnet>]) -> Topology {
         let size = networks.len();
+        // How many ranks are on each network, counted once for every pair to look up.
+        let mut members: HashMap<NetworkId, usize> = HashMap::new();
+        for rank in networks {
+            let mut on: Vec<_> = rank.iter().map(Subnet::network).collect();
+            on.sort_unstable();
+            on.dedup();
+            for network in on {
+                *members.entry(network).or_default() += 1;
+            }
+        }
         let mut links = Vec::with_capacity(size * size);
         for (i, mine) in networks.iter().enumerate() {
             for (j, theirs) in networks.iter().enumerate() {
@@ -129,7 +142,7 @@ impl Topology {
                         remote: None,
                     }
                 } else {
-                    link_between(networks, mine, theirs)
+                    link_between(&members, mine, theirs)
                 });
             }
         }
@@ -210,14 +223,13 @@ impl Topology {
 
 /// How a rank with networks `mine` reaches one with `theirs`: by the shared network with the
 /// fewest ranks on it (a cable before a switch), or by a route.
-fn link_between(all: &[Vec<Subnet>], mine: &[Subnet], theirs: &[Subnet]) -> Link {
+fn link_between(members: &HashMap<NetworkId, usize>, mine: &[Subnet], theirs: &[Subnet]) -> Link {
     let mut best: Option<(usize, &Subnet, &Subnet)> = None;
     for a in mine {
         for b in theirs.iter().filter(|b| a.same_network(b)) {
-            let members = all
-                .iter()
-                .filter(|rank| rank.iter().any(|s| s.same_network(a)))
-                .count();
+            // Every rank's networks were counted, so the count is there; two (this pair) is
+            // the least it can be.
+            let members = members.get(&a.network()).copied().unwrap_or(2);
             if best.is_none_or(|(fewest, _, _)| members < fewest) {
                 best = Some((members, a, b));
             }
