@@ -19,6 +19,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
+use rlx_transport::interfaces::InterfaceAddress;
+
 use crate::job::{ChildSpec, Job, Output, Stream};
 use crate::tcp_counters::Segments;
 use crate::world::{ProcessWorldArgs, World};
@@ -373,14 +375,16 @@ pub fn rank_main() -> Result<(), String> {
     let t = rlx_net::TcpTransport::from_env().map_err(|e| format!("could not join: {e}"))?;
     let (me, n) = (t.rank(), t.world_size());
     let topology = t.topology();
+    // The host's interfaces, read once for every peer's route and link.
+    let interfaces = rlx_transport::interfaces::addresses().unwrap_or_default();
     let mut peers: Vec<PeerReport> = (0..n)
         .filter(|&p| p != me)
         .map(|peer| PeerReport {
             link: topology
                 .as_ref()
                 .and_then(|m| m.link(me, peer))
-                .map(link_words),
-            ..describe_peer(peer, t.peer_addr(peer))
+                .map(|link| link_words(link, &interfaces)),
+            ..describe_peer(peer, t.peer_addr(peer), &interfaces)
         })
         .collect();
     // One pair at a time, so that measurements do not share the links or the cores.
@@ -501,17 +505,21 @@ fn measure_as_responder(t: &rlx_net::TcpTransport, peer: u32) -> Result<(), Stri
 
 /// A link of the matrix in words: its reach and, for a cable or a switch, this rank's
 /// interface on the network it shares with the peer.
-fn link_words(link: &rlx_transport::topology::Link) -> String {
-    match link.local.and_then(interface_of) {
+fn link_words(link: &rlx_transport::topology::Link, interfaces: &[InterfaceAddress]) -> String {
+    match link.local.and_then(|ip| interface_of(ip, interfaces)) {
         Some(interface) => format!("{} {interface}", link.reach),
         None => link.reach.to_string(),
     }
 }
 
 /// The route to `addr` as the kernel chooses it: the local interface and address.
-fn describe_peer(peer: u32, addr: Option<SocketAddr>) -> PeerReport {
+fn describe_peer(
+    peer: u32,
+    addr: Option<SocketAddr>,
+    interfaces: &[InterfaceAddress],
+) -> PeerReport {
     let route = addr.and_then(rlx_transport::interfaces::route_source);
-    let interface = route.and_then(interface_of);
+    let interface = route.and_then(|ip| interface_of(ip, interfaces));
     PeerReport {
         peer,
         addr: addr.map(|a| a.to_string()),
@@ -530,12 +538,12 @@ fn describe_peer(peer: u32, addr: Option<SocketAddr>) -> PeerReport {
     }
 }
 
-fn interface_of(ip: IpAddr) -> Option<String> {
-    rlx_transport::interfaces::addresses()
-        .ok()?
-        .into_iter()
+/// The name of the interface of `interfaces` that has address `ip`.
+fn interface_of(ip: IpAddr, interfaces: &[InterfaceAddress]) -> Option<String> {
+    interfaces
+        .iter()
         .find(|a| a.addr == Some(ip))
-        .map(|a| a.name)
+        .map(|a| a.name.clone())
 }
 
 /// The MTU the system reports for `interface` (Linux's sysfs; elsewhere unknown).
