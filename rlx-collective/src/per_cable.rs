@@ -11,6 +11,13 @@ use std::thread::{Scope, ScopedJoinHandle};
 use crate::op::OpCtx;
 use crate::{CollectiveError, Result};
 
+/// The peers of exchange `s` (1 to n-1) of rank `r` of `n`: it sends to `r+s` and receives
+/// from `r-s`. Every exchange `s` of all ranks together is a permutation, so each cable
+/// carries one message each way.
+pub(crate) fn partners(r: usize, n: usize, s: usize) -> (usize, usize) {
+    ((r + s) % n, (r + n - s) % n)
+}
+
 /// Runs `exchange` on every item of `work` at once, one scoped thread per item but the last,
 /// which runs on the caller's thread, and returns the first error.
 pub(crate) fn concurrently<T: Send>(

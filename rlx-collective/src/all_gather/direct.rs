@@ -12,7 +12,7 @@
 use crate::Result;
 use crate::layout::{self, Blocks};
 use crate::op::OpCtx;
-use crate::per_cable::concurrently;
+use crate::per_cable::{concurrently, partners};
 
 /// Fills every block of `data` (cut by `blocks`, elements of `elem_size` bytes) from its owner;
 /// block `rank` must already hold this rank's contribution. Needs at least two ranks.
@@ -31,7 +31,7 @@ pub(crate) fn run(
     let own: &[u8] = others[r].take().unwrap_or_default();
     let exchanges: Vec<(u32, u32, &mut [u8])> = (1..n)
         .filter_map(|s| {
-            let (to, from) = ((r + s) % n, (r + n - s) % n);
+            let (to, from) = partners(r, n, s);
             let into = others[from].take()?;
             Some((to as u32, from as u32, into))
         })

@@ -7,7 +7,7 @@
 use crate::Result;
 use crate::layout::{self, Blocks};
 use crate::op::OpCtx;
-use crate::per_cable::concurrently;
+use crate::per_cable::{concurrently, partners};
 
 /// Sends block `j` of `send` to rank `j` and lands rank `i`'s block in block `i` of `recv`.
 pub(crate) fn run(
@@ -28,7 +28,7 @@ pub(crate) fn run(
     }
     let exchanges: Vec<(u32, u32, &mut [u8])> = (1..n)
         .filter_map(|s| {
-            let (to, from) = ((r + s) % n, (r + n - s) % n);
+            let (to, from) = partners(r, n, s);
             Some((to as u32, from as u32, into[from].take()?))
         })
         .collect();

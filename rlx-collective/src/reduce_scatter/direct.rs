@@ -32,7 +32,6 @@ struct Progress {
 }
 
 /// The progress the exchange threads and the folding thread wait on.
-#[derive(Default)]
 struct Pipeline {
     progress: Mutex<Progress>,
     changed: Condvar,
@@ -254,7 +253,7 @@ fn exchange_segments(
     pipeline: &Pipeline,
 ) -> Result<()> {
     let _fail_on_panic = FailOnPanic(pipeline);
-    let (to, from) = ((plan.r + s) % plan.n, (plan.r + plan.n - s) % plan.n);
+    let (to, from) = per_cable::partners(plan.r, plan.n, s);
     for segment in 0..plan.segments {
         // The slot of this segment held the one two back: it must have been folded.
         if !pipeline.wait_until(|p| p.folded + 2 > segment) {
