@@ -3,12 +3,12 @@
 //!
 //! Receives run the engine's own receive loop ([`Hub::recv`]: post, wait as a follower or take
 //! the reader role, give up at the deadline, release, wake) and its own loss and abort paths;
-//! only what [`Links`] abstracts is faked here. Each peer's connection is a [`Wire`]: a queue of
-//! whole frames that a loom thread playing the peer fills, read by whichever receiver holds the
-//! reader role, which lands each frame through the matching state exactly as the socket reader
-//! does. Loom's condition variable never times out, so time is a counter that a test moves
-//! forward with [`LoomRank::advance`], racing the other events; moving it wakes every sleeper,
-//! as the expiry of a timed wait would.
+//! only what [`Links`] and [`Drive`] abstract is faked here. Each peer's connection is a
+//! [`Wire`]: a queue of whole frames that a loom thread playing the peer fills, read by
+//! whichever receiver holds the reader role, which lands each frame through the matching state
+//! exactly as the socket reader does. Loom's condition variable never times out, so time is a
+//! counter that a test moves forward with [`LoomRank::advance`], racing the other events;
+//! moving it wakes every sleeper, as the expiry of a timed wait would.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -18,7 +18,7 @@ use rlx_transport::{CollectiveError, Tag};
 use crate::error::{Lost, protocol_lost};
 use crate::frame::{FrameHeader, FrameKind};
 use crate::matching::{Holder, Landing, Outcome, PostId, Withdrawn};
-use crate::progress::{DriveEnd, Hub, Links};
+use crate::progress::{Drive, DriveEnd, Hub, Links};
 use crate::sync::{AtomicUsize, Condvar, Mutex, Ordering, lock};
 
 /// A peer's connection as the reading side sees it.
@@ -253,7 +253,9 @@ impl Links for LoomRank {
             wire.change(|w| w.shut = true);
         }
     }
+}
 
+impl Drive for LoomRank {
     fn drive(
         &self,
         hub: &Hub,

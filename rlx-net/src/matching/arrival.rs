@@ -239,7 +239,7 @@ fn unexpected(
     longest_hold: Duration,
 ) -> Option<Placed> {
     let (seq, tag, total) = (header.seq, header.tag, header.total);
-    if peer.holds(seq, total, Instant::now(), longest_hold) {
+    if peer.holds(seq, total, Instant::now, longest_hold) {
         return None;
     }
     peer.held = None;

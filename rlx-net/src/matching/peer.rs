@@ -99,10 +99,19 @@ impl PeerState {
     /// copy. It stays for about as long as that would take (at most `longest`), counted from
     /// when it was first seen, and is then taken like any message, so that ranks that send to
     /// each other before they receive still make progress.
-    pub(super) fn holds(&mut self, seq: u64, total: u64, now: Instant, longest: Duration) -> bool {
+    pub(super) fn holds(
+        &mut self,
+        seq: u64,
+        total: u64,
+        now: impl FnOnce() -> Instant,
+        longest: Duration,
+    ) -> bool {
         if total < HOLD_MIN_BYTES {
             return false;
         }
+        // Only a message long enough to be held reads the clock: every small message that
+        // arrives before its receive passes here.
+        let now = now();
         match self.held {
             Some(held) if held.seq == seq => now < held.until,
             _ => {

@@ -3,9 +3,11 @@
 //! give up at the deadline, release, wake).
 //!
 //! Nothing here touches a socket or reads the system clock: the loop reaches the sockets and the
-//! clock through [`Links`], which the engine implements over TCP and the loom models implement
-//! with a fake peer (a loom thread landing frames), so that the code that ships is the code that
-//! is model-checked. `Links` is a generic parameter, monomorphised for the engine: no boxing or
+//! clock through [`Links`] (the clock, the watcher's wake-up, shutting a peer's connections
+//! down: the engine's core implements it) and [`Drive`] (reading a peer's links for a posted
+//! receive: the engine's receiver implements it), which the loom models implement with a fake
+//! peer (a loom thread landing frames), so that the code that ships is the code that is
+//! model-checked. Each is a generic parameter, monomorphised for the engine: no boxing or
 //! indirect call on the latency path.
 
 use std::time::{Duration, Instant};
@@ -31,7 +33,8 @@ pub(crate) enum DriveEnd {
     Aborted,
 }
 
-/// What the receive loop needs from the sockets and the clock.
+/// What the hub needs from the sockets and the clock: the clock, the watcher's wake-up and
+/// shutting a peer's connections down.
 pub(crate) trait Links {
     /// The clock that deadlines are measured on.
     fn now(&self) -> Instant;
@@ -42,7 +45,11 @@ pub(crate) trait Links {
 
     /// Shuts down the connections to `peer`, so that every thread reading them wakes up.
     fn shut_down(&self, peer: u32);
+}
 
+/// How the receive loop reads a peer's links once it holds their reader role: the reader's
+/// side of the sockets, on top of what every caller of the hub provides ([`Links`]).
+pub(crate) trait Drive: Links {
     /// Reads the links to `from`, whose reader role this thread holds, for the posted receive
     /// `id` (landing it in `buf` when one is given), until that receive finishes, every link is
     /// parked, `deadline` passes, the peer is lost or the transport is aborted. Called without
@@ -174,7 +181,7 @@ impl Hub {
 
     /// Receives the next message from `from` under `tag`, landing it in `buf` when one is
     /// given. `Ok(None)` at the deadline.
-    pub(crate) fn recv<L: Links>(
+    pub(crate) fn recv<L: Drive>(
         &self,
         links: &L,
         from: u32,
@@ -182,7 +189,6 @@ impl Hub {
         buf: Option<&mut [u8]>,
         timeout: Duration,
     ) -> Result<Option<Outcome>, CollectiveError> {
-        let deadline = links.now().checked_add(timeout);
         let mut st = lock(&self.state);
         if timeout.is_zero() && from < self.world {
             // A receive that will not wait and finds nothing queued ends as posting and
@@ -200,6 +206,9 @@ impl Hub {
                 return Ok(Some(outcome));
             }
         };
+        // The clock is read only by a receive that may wait: a message already queued, or a
+        // look that finds nothing, ends above without it.
+        let deadline = links.now().checked_add(timeout);
         self.complete(links, st, from, id, buf, deadline, false)
     }
 
@@ -235,7 +244,7 @@ impl Hub {
         clippy::too_many_arguments,
         reason = "the state of one receive, handed over whole"
     )]
-    pub(crate) fn complete<'s, L: Links>(
+    pub(crate) fn complete<'s, L: Drive>(
         &'s self,
         links: &L,
         mut st: MutexGuard<'s, State>,
@@ -254,7 +263,7 @@ impl Hub {
                     return result.map(Some);
                 }
             }
-            // The reader role checks the deadline itself (`Links::drive`), so the clock is read
+            // The reader role checks the deadline itself (`Drive::drive`), so the clock is read
             // here only on the way to sleep: a receive whose message is on its way reads it
             // once less.
             let acquired = std::mem::take(&mut holding)

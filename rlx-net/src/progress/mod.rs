@@ -22,20 +22,31 @@
 //! sockets down (so every thread polling them wakes) and wakes every waiter; `abort` does the
 //! same for every peer and makes its wake-up socket readable forever.
 //!
-//! Layout: this file is the [`Engine`] façade: construction, failure and close. `config.rs`
-//! holds the tuning every room reads; `hub.rs` the socket-free matching state, wake-up rule and
-//! receive loop (the part the loom models check); `recv.rs` the engine's socket side of that
-//! loop; `reader.rs` the link service that decodes frames and lands payloads; `writer/` the
-//! frames of one message and how a blocked send waits; `hook.rs` the contract of the work a send
-//! moves on meanwhile, which `exchange.rs` (a send and a receive run together by one thread)
-//! implements; `link.rs` the per-peer sockets and link state; `medium.rs` the contract of what
-//! carries a link's bytes (the socket, or a medium the link switched to); `socket.rs` the OS calls
-//! (`poll(2)`, vectored sends, wake-up sockets); `traffic.rs` the byte counters. Two rooms of
-//! their own: `liveness/` (the background watcher, heartbeats and the silence rule, catching up
-//! after a stop) and `same_host/` (the fast paths between ranks of one host: the offer, single
-//! copy, bounce files, lanes, and the OS calls under them).
+//! Layout: this file is the [`Engine`] façade: construction, the calls of the transport,
+//! exclusion and the end. It owns `core.rs`'s [`Core`] (what every room shares: rank, world,
+//! tuning, the per-peer links, the hub, the abort and watcher wake-up sockets, the byte
+//! counters) and each room's own state, and builds the rooms' *views* on demand, as small
+//! structs of borrowed references: a room sees the core and the views of the rooms it calls,
+//! never the engine, so no room reaches into another's state and every call between rooms
+//! names the room it goes to (`self.same_host.carriage(..)`, `self.reader.service(..)`).
+//!
+//! The rooms, each a view, from the bottom up: `same_host/` ([`SameHost`]: the fast paths
+//! between ranks of one host: the offer, single copy, bounce files, lanes, and the OS calls
+//! under them); `reader.rs` ([`Reader`]: decodes frames on a link and lands payloads, handing
+//! same-host frames to the same-host room); `recv.rs` ([`Receiver`]: the engine's side of the
+//! hub's receive loop, reading a peer's links through the reader); `writer/` ([`Writer`]: the
+//! frames of one message and how a blocked send waits, asking the same-host room once how the
+//! message travels); `exchange.rs` ([`Exchange`]: a send and a receive run together by one
+//! thread, the receive being the send's [`ProgressHook`](hook::ProgressHook) from `hook.rs`);
+//! `liveness/` ([`Watcher`]: the background watcher, heartbeats and the silence rule, catching
+//! up after a stop). Beside them: `config.rs` the tuning every room reads; `hub.rs` the
+//! socket-free matching state, wake-up rule and receive loop (the part the loom models
+//! check); `link.rs` the per-peer sockets and link state; `medium.rs` the contract of what
+//! carries a link's bytes (the socket, or a medium the link switched to); `socket.rs` the OS
+//! calls (`poll(2)`, vectored sends, wake-up sockets); `traffic.rs` the byte counters.
 
 mod config;
+mod core;
 mod exchange;
 mod hook;
 mod hub;
@@ -51,58 +62,53 @@ mod writer;
 
 use std::io;
 use std::net::{Shutdown, SocketAddr};
-use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use rlx_transport::{CollectiveError, EXCLUSION_TAG, Failure, FatalCause, Tag};
 
 use crate::error::Lost;
-use crate::frame::{FrameHeader, FrameKind, HEADER_LEN};
-use crate::sync::{AtomicBool, Mutex, lock};
+use crate::frame::{FrameHeader, FrameKind};
+use crate::matching::Outcome;
+use crate::sync::{Mutex, lock};
 
 pub(crate) use liveness::DEFAULT_HEARTBEAT;
 pub(crate) use recv::LANDING_GRACE;
 
-use self::liveness::CatchUp;
-use self::same_host::{Lanes, SingleCopy};
-use self::traffic::TrafficCounters;
+use self::core::Core;
+use self::exchange::Exchange;
+use self::liveness::{CatchUp, Watcher};
+use self::reader::Reader;
+use self::recv::Receiver;
+use self::same_host::{OFFER_WAIT, SameHost, SameHostState};
+pub(crate) use self::writer::Meanwhile;
+use self::writer::Writer;
 
 pub(crate) use hub::Hub;
 // The loom models drive the receive loop through a fake of the sockets.
 pub(crate) use config::EngineConfig;
 #[cfg(rlx_loom)]
-pub(crate) use hub::{DriveEnd, Links};
+pub(crate) use hub::{Drive, DriveEnd, Links};
 pub(crate) use link::PeerIo;
-use link::{HeaderSent, Link};
 pub(crate) use same_host::DEFAULT_LANE_BYTES;
 pub(crate) use same_host::DEFAULT_MAX_BOUNCED;
 pub(crate) use same_host::DEFAULT_MIN_SINGLE_COPY;
-use socket::{WakeWrite, peer_on_this_host, read_some, same_host_congestion_control};
+use socket::{peer_on_this_host, read_some, same_host_congestion_control};
 
 /// Default of [`EngineConfig::spin`]: how long a thread that waits for its own receive spins
 /// on non-blocking reads before it blocks in `poll(2)` (a blocking wake-up costs ~30 µs on the
 /// reference machine).
 pub(crate) const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 
-/// The progress engine of one transport; see the module docs.
+/// The progress engine of one transport; see the module docs. It owns the state every room
+/// shares ([`Core`]) and each room's own, and builds each room's view on demand: no room holds
+/// the engine, so none can reach into another's state.
 #[derive(Debug)]
 pub(crate) struct Engine {
-    rank: u32,
-    world: u32,
-    cfg: EngineConfig,
-    peers: Vec<Option<PeerIo>>,
-    hub: Hub,
-    abort_tx: UnixStream,
-    abort_rx: UnixStream,
-    watch_tx: UnixStream,
-    watch_rx: UnixStream,
-    watch_kicked: AtomicBool,
-    self_seq: Mutex<u64>,
-    traffic: TrafficCounters,
+    core: Core,
     catch_up: CatchUp,
-    single_copy: SingleCopy,
-    lanes: Lanes,
+    same_host: SameHostState,
+    /// The sequence numbers of the messages this rank sends itself (the writer's).
+    to_self: Mutex<u64>,
 }
 
 impl Engine {
@@ -134,106 +140,196 @@ impl Engine {
                 same_host_congestion_control(&link.stream);
             }
         }
-        let (abort_tx, abort_rx) = UnixStream::pair()?;
-        let (watch_tx, watch_rx) = UnixStream::pair()?;
-        for s in [&abort_tx, &abort_rx, &watch_tx, &watch_rx] {
-            s.set_nonblocking(true)?;
-        }
+        let hub = Hub::new(rank, world, links, cfg.max_unexpected, cfg.min_striped)
+            .holding_for(cfg.longest_hold);
         Ok(Self {
-            rank,
-            world,
-            cfg,
-            peers,
-            hub: Hub::new(rank, world, links, cfg.max_unexpected, cfg.min_striped)
-                .holding_for(cfg.longest_hold),
-            abort_tx,
-            abort_rx,
-            watch_tx,
-            watch_rx,
-            watch_kicked: AtomicBool::new(false),
-            self_seq: Mutex::new(0),
-            traffic: TrafficCounters::default(),
+            core: Core::new(rank, world, cfg, peers, hub)?,
             catch_up: CatchUp::new(),
-            single_copy: SingleCopy::new(here),
-            lanes: Lanes::new(world),
+            same_host: SameHostState::new(here),
+            to_self: Mutex::new(0),
         })
     }
+
+    // ----- the rooms' views ---------------------------------------------------------------
+
+    fn same_host(&self) -> SameHost<'_> {
+        self.same_host.view(&self.core)
+    }
+
+    fn reader(&self) -> Reader<'_> {
+        Reader::new(&self.core, self.same_host())
+    }
+
+    fn receiver(&self) -> Receiver<'_> {
+        Receiver::new(&self.core, self.reader(), &self.catch_up)
+    }
+
+    fn writer(&self) -> Writer<'_> {
+        Writer::new(&self.core, self.same_host(), self.reader(), &self.to_self)
+    }
+
+    fn exchange(&self) -> Exchange<'_> {
+        Exchange::new(&self.core, self.writer(), self.receiver(), self.reader())
+    }
+
+    // ----- messages -----------------------------------------------------------------------
+
+    /// See [`Writer::send`].
+    pub(crate) fn send(
+        &self,
+        to: u32,
+        kind: FrameKind,
+        tag: Tag,
+        parts: &[&[u8]],
+    ) -> Result<(), CollectiveError> {
+        self.writer().send(to, kind, tag, parts)
+    }
+
+    /// See [`Writer::try_send`].
+    pub(crate) fn try_send(
+        &self,
+        to: u32,
+        kind: FrameKind,
+        tag: Tag,
+        parts: &[&[u8]],
+        wait: Duration,
+    ) -> Result<bool, CollectiveError> {
+        self.writer().try_send(to, kind, tag, parts, wait)
+    }
+
+    /// See [`Writer::try_send_during`].
+    pub(crate) fn try_send_during(
+        &self,
+        to: u32,
+        tag: Tag,
+        parts: &[&[u8]],
+        wait: Duration,
+        meanwhile: Meanwhile<'_>,
+    ) -> Result<bool, CollectiveError> {
+        self.writer()
+            .try_send_during(to, tag, parts, wait, meanwhile)
+    }
+
+    /// See [`Receiver::recv`].
+    pub(crate) fn recv(
+        &self,
+        from: u32,
+        tag: Tag,
+        buf: Option<&mut [u8]>,
+        timeout: Duration,
+    ) -> Result<Option<Outcome>, CollectiveError> {
+        self.receiver().recv(from, tag, buf, timeout)
+    }
+
+    /// See [`Exchange::send_recv`].
+    pub(crate) fn send_recv(
+        &self,
+        to: u32,
+        from: u32,
+        tag: Tag,
+        parts: &[&[u8]],
+        buf: &mut [u8],
+        timeout: Duration,
+    ) -> Result<Option<Outcome>, CollectiveError> {
+        self.exchange()
+            .send_recv(to, from, tag, parts, buf, timeout)
+    }
+
+    /// The background watcher's loop (see `liveness/watch.rs`); returns once the transport is
+    /// aborted or closed.
+    pub(crate) fn watch(&self) {
+        Watcher::new(&self.core, self.reader(), &self.catch_up).watch();
+    }
+
+    // ----- the same-host room -------------------------------------------------------------
+
+    /// Offers every peer on this host to read this process and, when lanes are on, a lane (see
+    /// `same_host/offer.rs`): one [`FrameKind::Offer`] frame on its first link, written before
+    /// any message. A link that does not take these few bytes at once is broken or about to
+    /// be; the fast paths simply stay off for it.
+    pub(crate) fn offer_same_host(&self) {
+        for (peer, offer) in self.same_host().offers() {
+            let sent = self.try_send(
+                peer,
+                FrameKind::Offer,
+                Tag::from_raw(0),
+                &[&offer],
+                OFFER_WAIT,
+            );
+            tracing::debug!(peer, ?sent, "same-host offer");
+        }
+    }
+
+    /// See [`SameHost::segment_hint`].
+    pub(crate) fn segment_hint(&self, members: &[u32]) -> Option<usize> {
+        self.same_host().segment_hint(members)
+    }
+
+    /// Whether this rank reads large messages from `peer` by single copy (for tests and tools).
+    pub(crate) fn pulls_from(&self, peer: u32) -> bool {
+        self.same_host().pulls_from(peer)
+    }
+
+    /// Whether link 0 from `peer` reads its shared-memory lane (for tests and tools).
+    pub(crate) fn reads_lane_from(&self, peer: u32) -> bool {
+        match self.core.peers.get(peer as usize) {
+            Some(Some(io)) => io.links.first().is_some_and(|link| link.switched()),
+            _ => false,
+        }
+    }
+
+    // ----- questions ----------------------------------------------------------------------
 
     /// Whether a pulled message of `peer` waits for its receive now (see
     /// [`Hub::holds_message_from`]).
     pub(crate) fn holds_message_from(&self, peer: u32) -> bool {
-        self.hub.holds_message_from(peer)
+        self.core.hub.holds_message_from(peer)
     }
 
     pub(crate) fn op_timeout(&self) -> Duration {
-        self.cfg.op_timeout
+        self.core.cfg.op_timeout
     }
 
     /// See [`rlx_transport::Transport::unreceived_from`].
     pub(crate) fn unreceived_from(&self, from: u32) -> Vec<(Tag, u64)> {
-        if from >= self.world || from == self.rank {
+        if from >= self.core.world || from == self.core.rank {
             return Vec::new();
         }
-        lock(&self.hub.state).unreceived_from(from)
+        lock(&self.core.hub.state).unreceived_from(from)
     }
 
     /// What this engine has moved so far.
     pub(crate) fn traffic(&self) -> rlx_transport::Traffic {
-        self.traffic.snapshot()
-    }
-
-    fn peer_io(&self, rank: u32) -> Result<&PeerIo, CollectiveError> {
-        match self.peers.get(rank as usize) {
-            Some(Some(p)) => Ok(p),
-            _ => Err(CollectiveError::UnknownRank {
-                rank,
-                world_size: self.world,
-            }),
-        }
-    }
-
-    fn check_rank(&self, rank: u32) -> Result<(), CollectiveError> {
-        if rank >= self.world {
-            return Err(CollectiveError::UnknownRank {
-                rank,
-                world_size: self.world,
-            });
-        }
-        Ok(())
+        self.core.traffic.snapshot()
     }
 
     /// The address of `rank`'s first link, for messages.
     pub(crate) fn peer_addr(&self, rank: u32) -> Option<SocketAddr> {
-        let peer = self.peers.get(rank as usize)?.as_ref()?;
+        let peer = self.core.peers.get(rank as usize)?.as_ref()?;
         peer.links.first()?.stream.peer_addr().ok()
     }
 
     /// This end's address of `rank`'s first link.
     pub(crate) fn local_addr_towards(&self, rank: u32) -> Option<SocketAddr> {
-        let peer = self.peers.get(rank as usize)?.as_ref()?;
+        let peer = self.core.peers.get(rank as usize)?.as_ref()?;
         peer.links.first()?.stream.local_addr().ok()
     }
 
-    // ----- failure -----------------------------------------------------------------------
-
-    /// Marks `peer` lost, shuts its sockets down and wakes everyone.
-    fn lose(&self, peer: u32, lost: Lost) {
-        self.hub.lose(self, peer, lost);
-    }
+    // ----- failure and the end ------------------------------------------------------------
 
     /// Declares `peer` dead for good (see `Transport::exclude_peer`): tells it so when its
     /// socket takes the notice at once, then drops what it queued and closes the sending side
     /// of its links.
     pub(crate) fn exclude(&self, peer: u32) -> Result<(), CollectiveError> {
-        if peer == self.rank {
+        if peer == self.core.rank {
             return Err(CollectiveError::invalid(format!(
                 "rank {peer} cannot exclude itself"
             )));
         }
-        let io = self.peer_io(peer)?;
+        let io = self.core.peer_io(peer)?;
         self.tell_excluded(peer, io);
         let addr = io.addr.as_str();
-        self.hub.exclude(
+        self.core.hub.exclude(
             peer,
             Lost::Gone(format!(
                 "rank {peer} at {addr} was declared dead by this rank"
@@ -251,7 +347,10 @@ impl Engine {
     /// now. A peer that stopped reading (its buffers full) or a send in progress on the link
     /// means no notice: exclusion must never wait for the rank it excludes.
     fn tell_excluded(&self, peer: u32, io: &PeerIo) {
-        if lock(&self.hub.state).peers[peer as usize].lost.is_some() {
+        if lock(&self.core.hub.state).peers[peer as usize]
+            .lost
+            .is_some()
+        {
             return;
         }
         if io.links.is_empty() {
@@ -284,91 +383,23 @@ impl Engine {
         }
     }
 
-    /// Writes `header`, a frame without payload, whole on `link` to `rank` (see
-    /// [`Link::write_header_whole`]); a failed or stalled write is the loss of the peer.
-    fn send_header_whole(
-        &self,
-        rank: u32,
-        io: &PeerIo,
-        link: &Link,
-        header: &[u8; HEADER_LEN],
-        what: &str,
-        limit: Duration,
-    ) -> Result<HeaderSent, Lost> {
-        let abort_fd = self.abort_rx.as_raw_fd();
-        match link.write_header_whole(header, limit, abort_fd, || self.is_aborted()) {
-            Ok(HeaderSent::Stalled { written }) => Err(Lost::Gone(format!(
-                "{what} to {} stalled after {written} of {HEADER_LEN} bytes (link unusable)",
-                io.addr
-            ))),
-            Ok(sent) => Ok(sent),
-            Err(e) => Err(self.lost_from_io(rank, &format!("sending {what}"), &e)),
-        }
-    }
-
-    /// A send to `to` that reached its deadline `when` the link was left in a state nothing
-    /// else can follow: the peer is lost, and the send's error is a timeout naming it.
-    fn abandon_send(&self, to: u32, io: &PeerIo, when: &str) -> CollectiveError {
-        let after = self.cfg.op_timeout;
-        self.lose(
-            to,
-            Lost::Gone(format!(
-                "a send to it timed out after {after:?} {when} (link to {} unusable)",
-                io.addr
-            )),
-        );
-        CollectiveError::Timeout {
-            peer: Some(to),
-            op: "send",
-            after,
-        }
-    }
-
-    fn lost_from_io(&self, peer: u32, what: &str, err: &io::Error) -> Lost {
-        let addr = self.peers.get(peer as usize).and_then(|p| p.as_ref());
-        let addr = addr.map_or("an unknown address", |p| p.addr.as_str());
-        Lost::Gone(format!("{what} with {addr} failed: {err}"))
-    }
-
-    fn lost_eof(&self, peer: u32) -> Lost {
-        let addr = self.peers.get(peer as usize).and_then(|p| p.as_ref());
-        let addr = addr.map_or("an unknown address", |p| p.addr.as_str());
-        Lost::Gone(format!(
-            "connection to {addr} closed (the process ended or crashed)"
-        ))
-    }
-
     /// Wakes every blocked call with `Aborted`, shuts every socket down; idempotent.
     pub(crate) fn abort(&self) {
-        if self.stop() {
+        if self.core.stop() {
             tracing::info!("transport aborted: every blocked call fails with Aborted");
         }
     }
 
-    /// What [`Engine::abort`] and [`Engine::close`] share: records the end, wakes every
-    /// blocked call and shuts the sockets down. Returns `false` when it had ended before.
-    fn stop(&self) -> bool {
-        if !self.hub.abort() {
-            return false;
-        }
-        let _ = (&self.abort_tx).write_all_nonblocking(b"!");
-        for peer in self.peers.iter().flatten() {
-            peer.shutdown();
-        }
-        self.hub.wake();
-        true
-    }
-
     pub(crate) fn is_aborted(&self) -> bool {
-        self.hub.is_aborted()
+        self.core.is_aborted()
     }
 
     /// Says goodbye on every link (best effort, never blocking), then shuts everything down.
     pub(crate) fn close(&self) {
-        self.hub.begin_close();
+        self.core.hub.begin_close();
         if !self.is_aborted() {
             let close = FrameHeader::whole(FrameKind::Close, Tag::from_raw(0), 0, 0).encode();
-            for peer in self.peers.iter().flatten() {
+            for peer in self.core.peers.iter().flatten() {
                 if let Ok(mut tx) = peer.tx.try_lock() {
                     if !peer.links.is_empty() {
                         let _ = peer.write_frame(&mut tx, 0, &close, &[], 0, 0, 0);
@@ -388,7 +419,7 @@ impl Engine {
             }
         }
         // The end of every job: not worth more than a debug line.
-        if self.stop() {
+        if self.core.stop() {
             tracing::debug!("transport closed");
         }
     }

@@ -3,17 +3,19 @@
 //! memory for a single-copy frame), and accounts the bytes in the matching state.
 
 use std::io;
+use std::time::Instant;
 
 use rlx_transport::{FAILURE_WIRE_LEN, Failure};
 
 use crate::error::{Lost, protocol_lost};
 use crate::frame::{FrameHeader, FrameKind, HEADER_LEN, OFFER_LEN};
-use crate::matching::{Landing, PostId};
+use crate::matching::{Holder, Landing, Outcome, PostId, Withdrawn};
+
 use crate::sync::lock;
 
-use super::Engine;
-use super::link::{Destination, Link, LinkRx, OwnReceive, Payload, RawDest, on_link_zero};
-use super::same_host::{DESCRIPTOR_LEN, descriptor};
+use super::core::Core;
+use super::link::{Destination, Link, LinkRx, OwnReceive, Payload, PeerIo, RawDest, on_link_zero};
+use super::same_host::{DESCRIPTOR_LEN, SameHost, descriptor};
 
 /// Payloads at least this long (with nothing staged) are read straight into their destination.
 const DIRECT_READ_MIN: u64 = 16 * 1024;
@@ -82,7 +84,20 @@ enum Next {
     Done(Service),
 }
 
-impl Engine {
+/// The reader's view: the engine's core, and the same-host room it hands same-host frames to.
+#[derive(Clone, Copy)]
+pub(super) struct Reader<'a> {
+    core: &'a Core,
+    same_host: SameHost<'a>,
+}
+
+impl<'a> Reader<'a> {
+    pub(super) fn new(core: &'a Core, same_host: SameHost<'a>) -> Self {
+        Self { core, same_host }
+    }
+}
+
+impl Reader<'_> {
     /// Moves bytes on one link whose reader role this thread holds.
     pub(super) fn service(
         &self,
@@ -116,7 +131,7 @@ impl Engine {
         let mut bytes = [0u8; HEADER_LEN];
         bytes.copy_from_slice(&rx.staging[rx.start..rx.start + HEADER_LEN]);
         let header =
-            FrameHeader::decode(from, &bytes, self.cfg.max_frame).map_err(protocol_lost)?;
+            FrameHeader::decode(from, &bytes, self.core.cfg.max_frame).map_err(protocol_lost)?;
         rx.start += HEADER_LEN;
         rx.header = Some(header);
         Ok(Next::Again)
@@ -146,7 +161,7 @@ impl Engine {
                 Ok(Next::Again)
             }
             FrameKind::Close => {
-                let addr = self.peers.get(from as usize).and_then(|p| p.as_ref());
+                let addr = self.core.peers.get(from as usize).and_then(|p| p.as_ref());
                 let addr = addr.map_or("an unknown address", |p| p.addr.as_str());
                 Err(Lost::Departed(format!(
                     "it closed its transport (connection to {addr})"
@@ -156,7 +171,8 @@ impl Engine {
             FrameKind::Data => self.on_data_frame(from, k, rx, &header, own_id),
             FrameKind::SingleCopy => self.on_single_copy_frame(from, k, rx, &header, own),
             FrameKind::Offer | FrameKind::Lane => {
-                self.on_same_host_control(from, k, link, rx, &header)?;
+                self.same_host
+                    .on_same_host_control(from, k, link, rx, &header)?;
                 Ok(Next::Again)
             }
         }
@@ -174,7 +190,7 @@ impl Engine {
         on_link_zero(from, k, "failure notice")?;
         let failure = Failure::decode(from, &rx.staging[rx.start..rx.start + FAILURE_WIRE_LEN])
             .map_err(protocol_lost)?;
-        let mut st = lock(&self.hub.state);
+        let mut st = lock(&self.core.hub.state);
         let taken = st
             .on_failure(from, header.seq, header.tag, failure)
             .map_err(protocol_lost)?;
@@ -186,7 +202,7 @@ impl Engine {
         drop(st);
         rx.start += FAILURE_WIRE_LEN;
         rx.header = None;
-        self.hub.wake();
+        self.core.hub.wake();
         Ok(Next::Done(if done {
             Service::OwnDone
         } else {
@@ -203,7 +219,7 @@ impl Engine {
         header: &FrameHeader,
         own_id: Option<PostId>,
     ) -> Result<Next, Lost> {
-        let mut st = lock(&self.hub.state);
+        let mut st = lock(&self.core.hub.state);
         let landing = if header.offset == 0 {
             on_link_zero(from, k, "message start")?;
             st.on_first_frame(from, header, own_id)
@@ -220,7 +236,7 @@ impl Engine {
         if header.len == 0 {
             let done = own_id.is_some_and(|id| st.is_done(from, id));
             drop(st);
-            self.hub.wake();
+            self.core.hub.wake();
             return Ok(Next::Done(if done {
                 Service::OwnDone
             } else {
@@ -250,8 +266,8 @@ impl Engine {
         on_link_zero(from, k, "single-copy frame")?;
         let own_id = own.as_ref().map(|o| o.id);
         let desc = descriptor(from, &rx.staging[rx.start..], header.total)?;
-        let pid = self.single_copy_source(from)?;
-        let mut st = lock(&self.hub.state);
+        let pid = self.same_host.single_copy_source(from)?;
+        let mut st = lock(&self.core.hub.state);
         let landing = st
             .on_first_frame(from, header, own_id)
             .map_err(protocol_lost)?;
@@ -263,7 +279,8 @@ impl Engine {
         drop(st);
         rx.start += DESCRIPTOR_LEN;
         rx.header = None;
-        self.take_single_copy(from, pid, header, &desc, land, own)?;
+        self.same_host
+            .take_single_copy(from, pid, header, &desc, land, own)?;
         Ok(Next::Done(
             if self.account(from, header.seq, header.total, own_id)? {
                 Service::OwnDone
@@ -368,10 +385,10 @@ impl Engine {
                 Destination::Discard => Ok(0),
             };
             match result {
-                Ok(0) => return Err(self.lost_eof(from)),
+                Ok(0) => return Err(self.core.lost_eof(from)),
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(PayloadStep::Idle),
-                Err(e) => return Err(self.lost_from_io(from, "reading", &e)),
+                Err(e) => return Err(self.core.lost_from_io(from, "reading", &e)),
             }
         } else {
             return Ok(PayloadStep::NeedFill);
@@ -379,7 +396,7 @@ impl Engine {
         payload.at += n as u64;
         payload.remaining -= n as u64;
         let owned = matches!(payload.land, Destination::Owned(_));
-        self.traffic.received(n as u64, owned);
+        self.core.traffic.received(n as u64, owned);
         Ok(PayloadStep::Moved(n))
     }
 
@@ -389,22 +406,106 @@ impl Engine {
             return Ok(Staged::Ready);
         }
         match rx.fill(link) {
-            Ok(0) => Err(self.lost_eof(from)),
+            Ok(0) => Err(self.core.lost_eof(from)),
             Ok(_) => Ok(Staged::More),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Staged::Idle),
-            Err(e) => Err(self.lost_from_io(from, "reading", &e)),
+            Err(e) => Err(self.core.lost_from_io(from, "reading", &e)),
         }
     }
 
     /// Records `n` bytes of message `seq`; returns whether the caller's own receive is done.
     fn account(&self, from: u32, seq: u64, n: u64, own: Option<PostId>) -> Result<bool, Lost> {
-        let mut st = lock(&self.hub.state);
+        let mut st = lock(&self.core.hub.state);
         let completed = st.on_bytes(from, seq, n).map_err(protocol_lost)?;
         let done = own.is_some_and(|id| st.is_done(from, id));
         drop(st);
         if completed && !done {
-            self.hub.wake();
+            self.core.hub.wake();
         }
         Ok(done)
+    }
+
+    /// Services every held link until it is idle or parked, then releases them all.
+    pub(super) fn drain_held(&self, held: &[(u32, usize)]) {
+        let mut lost_peers: Vec<(u32, Lost)> = Vec::new();
+        for &(rank, k) in held {
+            if lost_peers.iter().any(|(r, _)| *r == rank) {
+                continue;
+            }
+            let Some(Some(peer)) = self.core.peers.get(rank as usize) else {
+                continue;
+            };
+            // A caller asked for this link meanwhile: it reads it into its own buffer, which
+            // is better than landing its message here and copying it again.
+            if lock(&self.core.hub.state).peers[rank as usize].links[k].wanted {
+                continue;
+            }
+            let link = &peer.links[k];
+            let mut rx = link.rx();
+            // A bounded number of rounds keeps a busy link from starving the others.
+            for _ in 0..64 {
+                match self.service(rank, k, link, &mut rx, None) {
+                    Ok(Service::Progress) => continue,
+                    Ok(_) => break,
+                    Err(lost) => {
+                        lost_peers.push((rank, lost));
+                        break;
+                    }
+                }
+            }
+        }
+        {
+            let mut st = lock(&self.core.hub.state);
+            let now = Instant::now();
+            for &(rank, k) in held {
+                let slot = &mut st.peers[rank as usize].links[k];
+                slot.holder = Holder::Free;
+                // A caller waited for this link: the watcher leaves it to the callers for a
+                // while. Otherwise a caller whose messages the watcher delivered (and so never
+                // held the link, never refreshing this) would find the watcher back on the
+                // link at once, and every later message would take the watcher's hand-off.
+                // Links nobody asked for stay the watcher's, so it keeps draining them.
+                if slot.wanted {
+                    slot.released_at = now;
+                }
+                slot.wanted = false;
+            }
+            for peer in st.peers.iter_mut() {
+                peer.drop_arriving_if_lost();
+            }
+        }
+        for (rank, lost) in lost_peers {
+            self.core.lose(rank, lost);
+        }
+        if !held.is_empty() {
+            self.core.hub.wake();
+        }
+    }
+
+    /// The deadline passed while this thread reads for its own receive: withdraw it, and if
+    /// its message was landing in the caller's buffer, point the links mid-stripe at the owned
+    /// copy the matching state made.
+    pub(super) fn withdraw_while_reading(
+        &self,
+        from: u32,
+        io: &PeerIo,
+        own: &mut OwnReceive<'_>,
+    ) -> Option<Outcome> {
+        let withdrawn = lock(&self.core.hub.state).withdraw(from, own.id, own.buf.as_deref());
+        match withdrawn {
+            Withdrawn::Finished(outcome) => Some(outcome),
+            Withdrawn::Gone => None,
+            Withdrawn::Moved { seq, base } => {
+                for link in &io.links {
+                    let mut rx = link.rx();
+                    if let Some(p) = rx.payload.as_mut() {
+                        if p.seq == seq && matches!(p.land, Destination::Caller) {
+                            p.land = Destination::Owned(RawDest(base));
+                        }
+                    }
+                }
+                None
+            }
+        }
     }
 }

@@ -8,29 +8,46 @@ use std::time::{Duration, Instant};
 
 use rlx_transport::{CollectiveError, Tag};
 
-use crate::error::Lost;
-use crate::matching::{Holder, Outcome, PostId, Withdrawn};
-use crate::sync::{Ordering, lock};
+use crate::matching::{Outcome, PostId};
+use crate::sync::lock;
 
-use super::Engine;
-use super::hub::{DriveEnd, Hub, Links};
-use super::link::{Destination, Link, OwnReceive, PeerIo, RawDest};
-use super::reader::Service;
-use super::socket::{POLL_FDS, WakeWrite, poll, pollfd};
+use super::core::Core;
+use super::hub::{Drive, DriveEnd, Hub, Links};
+use super::link::{Link, OwnReceive, PeerIo};
+use super::liveness::CatchUp;
+use super::reader::{Reader, Service};
+use super::socket::{POLL_FDS, poll, pollfd};
 
 /// Default of [`EngineConfig::landing_grace`](super::EngineConfig::landing_grace): how long a
 /// receive whose message is landing in the caller's buffer goes on past its deadline without
-/// a byte landing before it gives up (see [`Engine::still_landing`]). Bytes that keep coming
+/// a byte landing before it gives up (see [`Receiver::still_landing`]). Bytes that keep coming
 /// mean a live peer and a message that will end, so the receive takes it whole instead of
 /// leaving it to a copy.
 pub(crate) const LANDING_GRACE: Duration = Duration::from_millis(100);
 
-impl Engine {
+/// The receiver's view: the engine's core, the reader that lands what it reads, and the
+/// catch-up clock it consults before a receive that will not wait.
+#[derive(Clone, Copy)]
+pub(super) struct Receiver<'a> {
+    core: &'a Core,
+    reader: Reader<'a>,
+    catch_up: &'a CatchUp,
+}
+
+impl<'a> Receiver<'a> {
+    pub(super) fn new(core: &'a Core, reader: Reader<'a>, catch_up: &'a CatchUp) -> Self {
+        Self {
+            core,
+            reader,
+            catch_up,
+        }
+    }
+
     /// Receives the next message from `from` under `tag`, landing it in `buf` when one is
     /// given. `Ok(None)` at the deadline. A receive that will not wait first catches up on
     /// every link if this process was stopped (`catch_up.rs`), so that it sees what arrived
     /// meanwhile.
-    pub(crate) fn recv(
+    pub(super) fn recv(
         &self,
         from: u32,
         tag: Tag,
@@ -38,29 +55,27 @@ impl Engine {
         timeout: Duration,
     ) -> Result<Option<Outcome>, CollectiveError> {
         if timeout.is_zero() {
-            self.catch_up_if_needed();
+            self.catch_up.catch_up_if_needed(self.core, self.reader);
         }
-        self.hub.recv(self, from, tag, buf, timeout)
+        self.core.hub.recv(self, from, tag, buf, timeout)
     }
 }
 
-impl Links for Engine {
+impl Links for Receiver<'_> {
     fn now(&self) -> Instant {
-        Instant::now()
+        self.core.now()
     }
 
     fn kick_watcher(&self) {
-        if !self.watch_kicked.swap(true, Ordering::SeqCst) {
-            let _ = (&self.watch_tx).write_all_nonblocking(b"k");
-        }
+        self.core.kick_watcher();
     }
 
     fn shut_down(&self, peer: u32) {
-        if let Some(Some(io)) = self.peers.get(peer as usize) {
-            io.shutdown();
-        }
+        self.core.shut_down(peer);
     }
+}
 
+impl Drive for Receiver<'_> {
     /// Reads the links to `from` for the posted receive `id` until it finishes, stalls, hits
     /// its deadline or the peer is lost.
     fn drive(
@@ -71,7 +86,7 @@ impl Links for Engine {
         buf: &mut Option<&mut [u8]>,
         mut deadline: Option<Instant>,
     ) -> DriveEnd {
-        let Some(Some(io)) = self.peers.get(from as usize) else {
+        let Some(Some(io)) = self.core.peers.get(from as usize) else {
             return DriveEnd::Stalled;
         };
         let mut landed_at_deadline = None;
@@ -85,7 +100,7 @@ impl Links for Engine {
             let mut all_parked = true;
             for (k, link) in io.links.iter().enumerate() {
                 let mut rx = link.rx();
-                match self.service(from, k, link, &mut rx, Some(&mut own)) {
+                match self.reader.service(from, k, link, &mut rx, Some(&mut own)) {
                     Ok(Service::OwnDone) => return DriveEnd::OwnDone,
                     Ok(Service::Progress) => {
                         progress = true;
@@ -96,7 +111,7 @@ impl Links for Engine {
                     Err(lost) => return DriveEnd::Lost(lost),
                 }
             }
-            if self.is_aborted() {
+            if self.core.is_aborted() {
                 return DriveEnd::Aborted;
             }
             if progress {
@@ -109,13 +124,13 @@ impl Links for Engine {
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 if self.still_landing(from, id, &mut landed_at_deadline) {
-                    deadline = Some(now + self.cfg.landing_grace);
+                    deadline = Some(now + self.core.cfg.landing_grace);
                     continue;
                 }
-                return DriveEnd::Deadline(self.withdraw_while_reading(from, io, &mut own));
+                return DriveEnd::Deadline(self.reader.withdraw_while_reading(from, io, &mut own));
             }
             let since = *spin_since.get_or_insert(now);
-            if now.duration_since(since) < self.cfg.spin {
+            if now.duration_since(since) < self.core.cfg.spin {
                 // Yield rather than burn the core: when the peer process shares this core (a
                 // loaded machine), a pure spin keeps it from sending what we wait for.
                 std::thread::yield_now();
@@ -127,79 +142,14 @@ impl Links for Engine {
     }
 }
 
-impl Engine {
-    /// Services every held link until it is idle or parked, then releases them all.
-    pub(super) fn drain_held(&self, held: &[(u32, usize)]) {
-        let mut lost_peers: Vec<(u32, Lost)> = Vec::new();
-        for &(rank, k) in held {
-            if lost_peers.iter().any(|(r, _)| *r == rank) {
-                continue;
-            }
-            let Some(Some(peer)) = self.peers.get(rank as usize) else {
-                continue;
-            };
-            // A caller asked for this link meanwhile: it reads it into its own buffer, which
-            // is better than landing its message here and copying it again.
-            if lock(&self.hub.state).peers[rank as usize].links[k].wanted {
-                continue;
-            }
-            let link = &peer.links[k];
-            let mut rx = link.rx();
-            // A bounded number of rounds keeps a busy link from starving the others.
-            for _ in 0..64 {
-                match self.service(rank, k, link, &mut rx, None) {
-                    Ok(Service::Progress) => continue,
-                    Ok(_) => break,
-                    Err(lost) => {
-                        lost_peers.push((rank, lost));
-                        break;
-                    }
-                }
-            }
-        }
-        {
-            let mut st = lock(&self.hub.state);
-            let now = Instant::now();
-            for &(rank, k) in held {
-                let slot = &mut st.peers[rank as usize].links[k];
-                slot.holder = Holder::Free;
-                // A caller waited for this link: the watcher leaves it to the callers for a
-                // while. Otherwise a caller whose messages the watcher delivered (and so never
-                // held the link, never refreshing this) would find the watcher back on the
-                // link at once, and every later message would take the watcher's hand-off.
-                // Links nobody asked for stay the watcher's, so it keeps draining them.
-                if slot.wanted {
-                    slot.released_at = now;
-                }
-                slot.wanted = false;
-            }
-            for peer in st.peers.iter_mut() {
-                peer.drop_arriving_if_lost();
-            }
-        }
-        for (rank, lost) in lost_peers {
-            self.lose(rank, lost);
-        }
-        if !held.is_empty() {
-            self.hub.wake();
-        }
-    }
-
-    /// Whether link 0 from `peer` reads its shared-memory lane (for tests and tools).
-    pub(crate) fn reads_lane_from(&self, peer: u32) -> bool {
-        match self.peers.get(peer as usize) {
-            Some(Some(io)) => io.links.first().is_some_and(Link::switched),
-            _ => false,
-        }
-    }
-
+impl Receiver<'_> {
     /// Whether the receive `id` from `from`, at its deadline, keeps reading because its message
     /// is landing in the caller's buffer and more of it landed since the last deadline
     /// (`landed`, updated). Giving up then would move the landed part, and every later byte,
     /// into a buffer of the transport's own as large as the message: the receive that comes
     /// back for it would copy it all again, and the process would hold the message twice.
     fn still_landing(&self, from: u32, id: PostId, landed: &mut Option<u64>) -> bool {
-        let now = lock(&self.hub.state).landed_for(from, id);
+        let now = lock(&self.core.hub.state).landed_for(from, id);
         let moved = match (now, *landed) {
             (Some(now), Some(before)) => now > before,
             (Some(_), None) => true,
@@ -209,33 +159,6 @@ impl Engine {
         moved
     }
 
-    /// The deadline passed while this thread reads for its own receive: withdraw it, and if
-    /// its message was landing in the caller's buffer, point the links mid-stripe at the owned
-    /// copy the matching state made.
-    pub(super) fn withdraw_while_reading(
-        &self,
-        from: u32,
-        io: &PeerIo,
-        own: &mut OwnReceive<'_>,
-    ) -> Option<Outcome> {
-        let withdrawn = lock(&self.hub.state).withdraw(from, own.id, own.buf.as_deref());
-        match withdrawn {
-            Withdrawn::Finished(outcome) => Some(outcome),
-            Withdrawn::Gone => None,
-            Withdrawn::Moved { seq, base } => {
-                for link in &io.links {
-                    let mut rx = link.rx();
-                    if let Some(p) = rx.payload.as_mut() {
-                        if p.seq == seq && matches!(p.land, Destination::Caller) {
-                            p.land = Destination::Owned(RawDest(base));
-                        }
-                    }
-                }
-                None
-            }
-        }
-    }
-
     /// Blocks until a non-parked link to `from` is readable, abort, or `wait` passes.
     fn poll_links(&self, io: &PeerIo, from: u32, wait: Duration) {
         POLL_FDS.with(|fds| {
@@ -243,7 +166,7 @@ impl Engine {
             fds.clear();
             let mut ready = false;
             {
-                let st = lock(&self.hub.state);
+                let st = lock(&self.core.hub.state);
                 for (k, link) in io.links.iter().enumerate() {
                     if !st.peers[from as usize].links[k].parked {
                         fds.push(pollfd(link.fd(), libc::POLLIN));
@@ -251,7 +174,7 @@ impl Engine {
                     }
                 }
             }
-            fds.push(pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN));
+            fds.push(pollfd(self.core.abort_rx.as_raw_fd(), libc::POLLIN));
             if !ready {
                 poll(&mut fds, wait);
             }

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use crate::sync::{AtomicBool, AtomicU64, Ordering};
 
-use crate::progress::Engine;
+use crate::progress::core::Core;
+use crate::progress::reader::Reader;
 
 /// The watcher's rounds take its polling period (20 ms) plus what they read; a round that
 /// ends this long after the previous one began means this process, or its watcher, did not
@@ -80,22 +81,22 @@ impl CatchUp {
     }
 }
 
-impl Engine {
-    /// Reads every link once when bytes may have been waiting unparsed since this process was
-    /// stopped (see the module docs); otherwise costs a clock read.
-    pub(in crate::progress) fn catch_up_if_needed(&self) {
-        if self.world < 2 {
+impl CatchUp {
+    /// Reads every link once, through `reader`, when bytes may have been waiting unparsed
+    /// since this process was stopped (see the module docs); otherwise costs a clock read.
+    pub(in crate::progress) fn catch_up_if_needed(&self, core: &Core, reader: Reader<'_>) {
+        if core.world < 2 {
             return;
         }
         let now = Instant::now();
-        if !self.catch_up.needed(now) {
+        if !self.needed(now) {
             return;
         }
-        self.catch_up.due.store(false, Ordering::Release);
-        let held = self.hub.take_for_sweep(self, now + HANDOVER_WAIT);
+        self.due.store(false, Ordering::Release);
+        let held = core.hub.take_for_sweep(core, now + HANDOVER_WAIT);
         tracing::debug!(links = held.len(), "catching up on links after a stop");
-        self.drain_held(&held);
-        self.catch_up.swept(now);
+        reader.drain_held(&held);
+        self.swept(now);
     }
 }
 

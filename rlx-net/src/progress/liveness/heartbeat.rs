@@ -35,8 +35,8 @@ use crate::error::Lost;
 use crate::frame::{FrameHeader, FrameKind};
 use crate::sync::lock;
 
-use crate::progress::Engine;
 use crate::progress::config::SILENT_BEATS;
+use crate::progress::core::Core;
 use crate::progress::link::HeaderSent;
 use crate::progress::link::PeerIo;
 use crate::progress::socket::{poll, pollfd};
@@ -86,9 +86,9 @@ pub(in crate::progress) struct Pulse {
 }
 
 impl Pulse {
-    /// The monitor of `engine`'s peers, or `None` when heartbeats are off.
-    pub(in crate::progress) fn new(engine: &Engine) -> Option<Self> {
-        let interval = engine.cfg.heartbeat;
+    /// The monitor of the peers of `core`'s engine, or `None` when heartbeats are off.
+    pub(in crate::progress) fn new(core: &Core) -> Option<Self> {
+        let interval = core.cfg.heartbeat;
         if interval.is_zero() {
             return None;
         }
@@ -96,10 +96,10 @@ impl Pulse {
         Some(Self {
             interval,
             window: interval * SILENT_BEATS,
-            flood_window: engine.cfg.op_timeout.saturating_mul(2),
+            flood_window: core.cfg.op_timeout.saturating_mul(2),
             round: interval / ROUNDS_PER_BEAT,
             last_round: now,
-            peers: (0..engine.world)
+            peers: (0..core.world)
                 .map(|_| PeerPulse {
                     heard_at: now,
                     beat_at: now,
@@ -112,7 +112,7 @@ impl Pulse {
 
     /// Beats where a link was silent, and declares silent peers lost; does nothing until a
     /// round is due. Never blocks.
-    pub(in crate::progress) fn tick(&mut self, engine: &Engine) {
+    pub(in crate::progress) fn tick(&mut self, core: &Core) {
         let now = Instant::now();
         let since = now.duration_since(self.last_round);
         if since < self.round {
@@ -129,7 +129,7 @@ impl Pulse {
         // Which peers are already lost, which have a link this side stopped reading, and which
         // hold the unexpected budget.
         let standing: Vec<PeerStanding> = {
-            let st = lock(&engine.hub.state);
+            let st = lock(&core.hub.state);
             st.peers
                 .iter()
                 .map(|p| PeerStanding {
@@ -141,7 +141,7 @@ impl Pulse {
         };
         for (rank, (pulse, standing)) in self.peers.iter_mut().zip(&standing).enumerate() {
             let PeerStanding { lost, parked, held } = *standing;
-            let Some(Some(io)) = engine.peers.get(rank) else {
+            let Some(Some(io)) = core.peers.get(rank) else {
                 continue;
             };
             if lost {
@@ -162,9 +162,9 @@ impl Pulse {
                 Some(self.flood_window)
             };
             if let Some(reason) =
-                pulse.follow_flood(held, now, flood_window, engine.cfg.max_unexpected)
+                pulse.follow_flood(held, now, flood_window, core.cfg.max_unexpected)
             {
-                engine.lose(
+                core.lose(
                     rank,
                     Lost::Protocol(format!("{reason} (link to {})", io.addr)),
                 );
@@ -172,7 +172,7 @@ impl Pulse {
             }
             let silent = now.duration_since(pulse.heard_at);
             if silent >= self.window {
-                engine.lose(
+                core.lose(
                     rank,
                     Lost::Gone(format!(
                         "it sent nothing for {} ms (heartbeats every {} ms; link to {})",
@@ -185,8 +185,8 @@ impl Pulse {
             }
             if now.duration_since(pulse.beat_at) >= self.interval {
                 pulse.beat_at = now;
-                if let Err(lost) = engine.beat(rank, io, &mut pulse.seq_seen, self.interval) {
-                    engine.lose(rank, lost);
+                if let Err(lost) = beat(core, rank, io, &mut pulse.seq_seen, self.interval) {
+                    core.lose(rank, lost);
                 }
             }
         }
@@ -229,42 +229,40 @@ impl PeerPulse {
     }
 }
 
-impl Engine {
-    /// Writes a heartbeat on every link to `rank` that has room, unless a send is in progress
-    /// or a message went out since the last look (`seq_seen`).
-    fn beat(
-        &self,
-        rank: u32,
-        io: &PeerIo,
-        seq_seen: &mut u64,
-        interval: Duration,
-    ) -> Result<(), Lost> {
-        // A send holding the lock is on the wire already, or stuck behind a peer that does not
-        // read; either way a beat could not go out before it.
-        let Ok(tx) = io.tx.try_lock() else {
-            return Ok(());
-        };
-        if tx.next_seq != *seq_seen {
-            *seq_seen = tx.next_seq;
-            return Ok(());
-        }
-        let header = FrameHeader::whole(FrameKind::Beat, Tag::from_raw(0), 0, 0).encode();
-        // Beats go on the sockets even where link 0 switched to a lane: there they only prove
-        // the peer alive, and cannot be left half written behind a full ring.
-        for link in &io.links {
-            let mut fds = [pollfd(link.fd(), libc::POLLOUT)];
-            poll(&mut fds, Duration::ZERO);
-            if fds[0].revents & libc::POLLOUT == 0 {
-                continue;
-            }
-            if self.send_header_whole(rank, io, link, &header, "a heartbeat", interval)?
-                == HeaderSent::Aborted
-            {
-                break;
-            }
-        }
-        Ok(())
+/// Writes a heartbeat on every link to `rank` that has room, unless a send is in progress
+/// or a message went out since the last look (`seq_seen`).
+fn beat(
+    core: &Core,
+    rank: u32,
+    io: &PeerIo,
+    seq_seen: &mut u64,
+    interval: Duration,
+) -> Result<(), Lost> {
+    // A send holding the lock is on the wire already, or stuck behind a peer that does not
+    // read; either way a beat could not go out before it.
+    let Ok(tx) = io.tx.try_lock() else {
+        return Ok(());
+    };
+    if tx.next_seq != *seq_seen {
+        *seq_seen = tx.next_seq;
+        return Ok(());
     }
+    let header = FrameHeader::whole(FrameKind::Beat, Tag::from_raw(0), 0, 0).encode();
+    // Beats go on the sockets even where link 0 switched to a lane: there they only prove
+    // the peer alive, and cannot be left half written behind a full ring.
+    for link in &io.links {
+        let mut fds = [pollfd(link.fd(), libc::POLLOUT)];
+        poll(&mut fds, Duration::ZERO);
+        if fds[0].revents & libc::POLLOUT == 0 {
+            continue;
+        }
+        if core.send_header_whole(rank, io, link, &header, "a heartbeat", interval)?
+            == HeaderSent::Aborted
+        {
+            break;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(all(test, not(rlx_loom)))]

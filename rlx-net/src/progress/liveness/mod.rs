@@ -14,3 +14,4 @@ mod watch;
 
 pub(in crate::progress) use catch_up::CatchUp;
 pub(crate) use heartbeat::DEFAULT_HEARTBEAT;
+pub(in crate::progress) use watch::Watcher;

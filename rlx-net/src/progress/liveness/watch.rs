@@ -3,15 +3,16 @@
 //! runs the heartbeat monitor (`heartbeat.rs`), and records when its rounds began, so that a
 //! process that was stopped catches up before it looks (`catch_up.rs`).
 
-use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use crate::matching::Holder;
-use crate::sync::{Ordering, lock};
+use crate::sync::lock;
 
+use super::CatchUp;
 use super::heartbeat::Pulse;
-use crate::progress::Engine;
+use crate::progress::core::Core;
+use crate::progress::reader::Reader;
 use crate::progress::socket::{poll, pollfd};
 
 /// The watcher leaves a link alone until no caller has released it for this long, so that it
@@ -20,18 +21,38 @@ const WATCH_IDLE: Duration = Duration::from_millis(2);
 /// The watcher's polling period (it also picks up newly idle links at this pace).
 const WATCH_PERIOD: Duration = Duration::from_millis(20);
 
-impl Engine {
-    /// The background watcher's loop; returns after [`Engine::abort`].
-    pub(crate) fn watch(&self) {
+/// The watcher's view: the engine's core, the reader that drains what it finds, and the
+/// catch-up clock its rounds keep.
+pub(in crate::progress) struct Watcher<'a> {
+    core: &'a Core,
+    reader: Reader<'a>,
+    catch_up: &'a CatchUp,
+}
+
+impl<'a> Watcher<'a> {
+    pub(in crate::progress) fn new(
+        core: &'a Core,
+        reader: Reader<'a>,
+        catch_up: &'a CatchUp,
+    ) -> Self {
+        Self {
+            core,
+            reader,
+            catch_up,
+        }
+    }
+
+    /// The background watcher's loop; returns once the transport is aborted or closed.
+    pub(in crate::progress) fn watch(&self) {
         let mut held: Vec<(u32, usize)> = Vec::new();
         let mut due: Vec<(u32, usize)> = Vec::new();
         let mut fds: Vec<libc::pollfd> = Vec::new();
-        let mut pulse = Pulse::new(self);
+        let mut pulse = Pulse::new(self.core);
         let mut previous = Instant::now();
-        while !self.is_aborted() {
+        while !self.core.is_aborted() {
             let began = Instant::now();
             if let Some(pulse) = pulse.as_mut() {
-                pulse.tick(self);
+                pulse.tick(self.core);
             }
             held.clear();
             due.clear();
@@ -44,7 +65,7 @@ impl Engine {
                 .map(|(h, _)| *h)
                 .collect();
             self.release_unread(&held, &readable);
-            self.drain_held(&readable);
+            self.reader.drain_held(&readable);
             self.catch_up.watcher_round(previous, began);
             previous = began;
         }
@@ -60,10 +81,10 @@ impl Engine {
         due: &mut Vec<(u32, usize)>,
     ) -> Duration {
         let mut wait = WATCH_PERIOD;
-        let mut st = lock(&self.hub.state);
+        let mut st = lock(&self.core.hub.state);
         let now = Instant::now();
         for (rank, peer) in st.peers.iter_mut().enumerate() {
-            if peer.lost.is_some() || self.peers.get(rank).is_none_or(|p| p.is_none()) {
+            if peer.lost.is_some() || self.core.peers.get(rank).is_none_or(|p| p.is_none()) {
                 continue;
             }
             // A large message parked while it waits for its receive is taken once its wait is
@@ -108,7 +129,7 @@ impl Engine {
         fds.clear();
         let mut ready = false;
         for &(rank, k) in held {
-            if let Some(Some(p)) = self.peers.get(rank as usize) {
+            if let Some(Some(p)) = self.core.peers.get(rank as usize) {
                 fds.push(pollfd(p.links[k].fd(), libc::POLLIN));
                 if p.links[k].before_poll() {
                     due.push((rank, k));
@@ -116,25 +137,23 @@ impl Engine {
                 }
             }
         }
-        fds.push(pollfd(self.watch_rx.as_raw_fd(), libc::POLLIN));
-        fds.push(pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN));
+        fds.push(pollfd(self.core.bell.fd(), libc::POLLIN));
+        fds.push(pollfd(self.core.abort_rx.as_raw_fd(), libc::POLLIN));
         poll(fds, if ready { Duration::ZERO } else { wait });
         for &(rank, k) in held {
-            if let Some(Some(p)) = self.peers.get(rank as usize) {
+            if let Some(Some(p)) = self.core.peers.get(rank as usize) {
                 p.links[k].after_poll();
             }
         }
         if fds[held.len()].revents != 0 {
-            let mut sink = [0u8; 64];
-            while matches!((&self.watch_rx).read(&mut sink), Ok(n) if n > 0) {}
-            self.watch_kicked.store(false, Ordering::SeqCst);
+            self.core.bell.heard();
         }
     }
 
     /// Releases the `held` links that are not `readable` without touching them.
     fn release_unread(&self, held: &[(u32, usize)], readable: &[(u32, usize)]) {
         let mut released = false;
-        let mut st = lock(&self.hub.state);
+        let mut st = lock(&self.core.hub.state);
         let now = Instant::now();
         for slot in held.iter().filter(|h| !readable.contains(h)) {
             let slot = &mut st.peers[slot.0 as usize].links[slot.1];
@@ -149,7 +168,7 @@ impl Engine {
         }
         drop(st);
         if released {
-            self.hub.wake();
+            self.core.hub.wake();
         }
     }
 }

@@ -41,10 +41,10 @@ use std::time::{Duration, Instant};
 use crate::error::Lost;
 use crate::frame::FrameHeader;
 
+use super::SameHost;
 use super::descriptor::{BouncedHead, Descriptor};
 use super::sys::cross_memory;
 use super::sys::shared_memory::{self, SharedMap};
-use crate::progress::Engine;
 
 /// Bytes before the bounced data: the `filled` word, the file's id, and padding up to a page, so
 /// that the data starts page-aligned.
@@ -157,7 +157,7 @@ pub(crate) struct PeerBounceFile {
     map: SharedMap,
 }
 
-impl Engine {
+impl SameHost<'_> {
     /// Bounces nothing, or prepares `to`'s bounce file for message `seq` of `total` bytes (sent
     /// in an `exchange` or not) and says where its head will be.
     pub(in crate::progress) fn prepare_bounce(
@@ -168,8 +168,8 @@ impl Engine {
         exchange: bool,
     ) -> BouncedHead {
         let cap = match exchange {
-            true => self.cfg.max_bounced.min(EXCHANGE_BOUNCE),
-            false => self.cfg.max_bounced,
+            true => self.core.cfg.max_bounced.min(EXCHANGE_BOUNCE),
+            false => self.core.cfg.max_bounced,
         };
         let len = total.min(cap);
         if len == 0 || !shared_memory::SUPPORTED || !self.bounces_to(to) {
@@ -236,7 +236,7 @@ impl Engine {
     /// Whether messages to `to` may be bounced: it reads by pull and did not say it cannot map
     /// bounce files.
     fn bounces_to(&self, to: u32) -> bool {
-        self.cfg.max_bounced > 0 && self.single_copy.accepted(to) == 1
+        self.core.cfg.max_bounced > 0 && self.single_copy.accepted(to) == 1
     }
 
     /// Reads pulled message `header.seq` of rank `from` (process `pid`) into `dest`: its
@@ -287,7 +287,7 @@ impl Engine {
         let result = self.copy_bounced(from, pid, header, desc, &view, &mut dest[..head]);
         *views = Some(view);
         if result.is_ok() {
-            self.traffic.bounced(bounced.len);
+            self.core.traffic.bounced(bounced.len);
         }
         result
     }
@@ -309,7 +309,7 @@ impl Engine {
         // frame; a sender that copies nothing for as long as its silence would make it lost
         // is stopped or starved, and the watcher, which may be the thread waiting here, would
         // not notice otherwise.
-        let stall = self.cfg.silence_window();
+        let stall = self.core.cfg.silence_window();
         let mut progressed = Instant::now();
         let mut checked = progressed;
         while copied < dest.len() {
@@ -341,13 +341,13 @@ impl Engine {
                 self.check_still_offered(from, pid, header, desc)?;
                 // A sender that is alive but stopped copies nothing; its silence makes it lost
                 // (the heartbeat), and that ends the wait as it ends every other.
-                let lost = crate::sync::lock(&self.hub.state).peers[from as usize]
+                let lost = crate::sync::lock(&self.core.hub.state).peers[from as usize]
                     .lost
                     .clone();
                 if let Some(lost) = lost {
                     return Err(lost);
                 }
-                if self.is_aborted() {
+                if self.core.is_aborted() {
                     return Err(Lost::Gone(format!(
                         "the transport was aborted while message {} of rank {from} was copied",
                         header.seq

@@ -16,14 +16,14 @@
 //! - `switch.rs`: the lanes made and mapped, per peer, until link 0 switches to them.
 //! - `sys/`: the OS calls under all of them, behind the contract documented there.
 //!
-//! What the rest of the engine sees: the writer asks [`Engine::carriage`] once per message
-//! whether it goes by single copy; the reader hands the same-host frames (offer, lane switch,
-//! single-copy descriptor) to this room; before each send the writer lets it switch link 0 to
-//! a lane (`Engine::switch_to_lane`), after which the link reads and writes the lane through
-//! the medium contract. Every fast path falls back to TCP when a peer does not answer, a
-//! permission is missing or the system lacks the calls.
-//!
-//! [`Engine::carriage`]: crate::progress::Engine
+//! What the rest of the engine sees is one view, [`SameHost`]: the engine's shared core beside
+//! this room's own state ([`SameHostState`]). The writer asks it once per message whether the
+//! message goes by single copy ([`SameHost::carriage`]); the reader hands it the same-host
+//! frames (offer, lane switch, single-copy descriptor); before each send the writer lets it
+//! switch link 0 to a lane ([`SameHost::switch_to_lane`]), after which the link reads and
+//! writes the lane through the medium contract; the engine's façade sends the offers it
+//! writes ([`SameHost::offers`]). Every fast path falls back to TCP when a peer does not
+//! answer, a permission is missing or the system lacks the calls.
 
 mod bounce;
 mod descriptor;
@@ -36,6 +36,47 @@ mod sys;
 pub(crate) use bounce::DEFAULT_MAX_BOUNCED;
 pub(in crate::progress) use descriptor::{DESCRIPTOR_LEN, descriptor};
 pub(crate) use lane::DEFAULT_LANE_BYTES;
+pub(in crate::progress) use offer::OFFER_WAIT;
+pub(in crate::progress) use single_copy::Carriage;
 pub(crate) use single_copy::DEFAULT_MIN_SINGLE_COPY;
-pub(in crate::progress) use single_copy::{Carriage, SingleCopy};
-pub(in crate::progress) use switch::Lanes;
+use single_copy::SingleCopy;
+use switch::Lanes;
+
+use super::core::Core;
+
+/// What the same-host room keeps for the life of the engine: the single-copy words and bounce
+/// files of every peer, and the lanes made and mapped.
+#[derive(Debug)]
+pub(in crate::progress) struct SameHostState {
+    single_copy: SingleCopy,
+    lanes: Lanes,
+}
+
+impl SameHostState {
+    /// The room of an engine of `here.len()` ranks, `here[r]` saying whether rank `r` runs on
+    /// this host.
+    pub(in crate::progress) fn new(here: Box<[bool]>) -> Self {
+        let world = u32::try_from(here.len()).unwrap_or(u32::MAX);
+        Self {
+            single_copy: SingleCopy::new(here),
+            lanes: Lanes::new(world),
+        }
+    }
+
+    /// The room as the other rooms see it, standing on `core`.
+    pub(in crate::progress) fn view<'a>(&'a self, core: &'a Core) -> SameHost<'a> {
+        SameHost {
+            core,
+            single_copy: &self.single_copy,
+            lanes: &self.lanes,
+        }
+    }
+}
+
+/// The same-host room's view: the engine's core and this room's state, nothing else.
+#[derive(Clone, Copy)]
+pub(in crate::progress) struct SameHost<'a> {
+    core: &'a Core,
+    single_copy: &'a SingleCopy,
+    lanes: &'a Lanes,
+}

@@ -14,11 +14,9 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use rlx_transport::Tag;
-
+use super::SameHost;
 use crate::error::Lost;
 use crate::frame::{FrameHeader, FrameKind, OFFER_LEN};
-use crate::progress::Engine;
 use crate::progress::link::{Link, LinkRx};
 
 use super::lane::LaneIn;
@@ -29,18 +27,19 @@ use super::sys::cross_memory;
 const ONE_HOST_SEGMENT: usize = rlx_transport::MAX_SEGMENT_HINT;
 
 /// How long the offer waits for its socket (it is the first frame on an empty link).
-const OFFER_WAIT: Duration = Duration::from_millis(100);
+pub(in crate::progress) const OFFER_WAIT: Duration = Duration::from_millis(100);
 
-impl Engine {
-    /// Offers every peer on this host to read this process and, when lanes are on, a lane
-    /// (see the module docs): one [`FrameKind::Offer`] frame on its first link, written before
-    /// any message. Nothing waits for an answer; until one arrives, messages to that peer go
-    /// over TCP.
-    pub(crate) fn offer_same_host(&self) {
+impl SameHost<'_> {
+    /// The offers this rank makes, one per peer on this host, when a fast path is on (see the
+    /// module docs): each is the body of one [`FrameKind::Offer`] frame, which the engine
+    /// writes on that peer's first link before any message, waiting at most [`OFFER_WAIT`].
+    /// Nothing waits for an answer; until one arrives, messages to that peer go over TCP.
+    pub(in crate::progress) fn offers(&self) -> Vec<(u32, [u8; OFFER_LEN])> {
         if !self.same_host_willing() {
-            return;
+            return Vec::new();
         }
-        for peer in (0..self.world).filter(|&p| p != self.rank) {
+        let mut offers = Vec::new();
+        for peer in (0..self.core.world).filter(|&p| p != self.core.rank) {
             let Some(words) = self
                 .single_copy
                 .peer(peer)
@@ -58,26 +57,18 @@ impl Engine {
             let (lane_fd, lane_id) = self.make_lane(peer);
             offer[40..48].copy_from_slice(&lane_fd.to_le_bytes());
             offer[48..56].copy_from_slice(&lane_id.to_le_bytes());
-            // A link that does not take these few bytes at once is broken or about to be;
-            // the path simply stays off for it.
-            let sent = self.try_send(
-                peer,
-                FrameKind::Offer,
-                Tag::from_raw(0),
-                &[&offer],
-                OFFER_WAIT,
-            );
-            tracing::debug!(peer, ?sent, "same-host offer");
+            offers.push((peer, offer));
         }
+        offers
     }
 
     /// Makes the lane to `peer` (`lane.rs`) when lanes are on, and returns its name for the
     /// offer (zeros: none).
     fn make_lane(&self, peer: u32) -> (u64, u64) {
-        if self.cfg.lane_bytes == 0 {
+        if self.core.cfg.lane_bytes == 0 {
             return (0, 0);
         }
-        self.lanes.make(peer, self.cfg.lane_bytes)
+        self.lanes.make(peer, self.core.cfg.lane_bytes)
     }
 
     /// Takes `peer`'s offer (the bytes of a [`FrameKind::Offer`] frame) when the nonce is where
@@ -135,7 +126,7 @@ impl Engine {
             }
         }
         let (lane_fd, lane_id) = (word(40), word(48));
-        if lane_fd == 0 || self.cfg.lane_bytes == 0 {
+        if lane_fd == 0 || self.core.cfg.lane_bytes == 0 {
             return None;
         }
         LaneIn::open(pid, lane_fd, lane_id)
@@ -150,10 +141,10 @@ impl Engine {
     /// single-copy path each message costs a round trip of about 17 µs on the reference
     /// machine and pipelining buys nothing; over loopback TCP (the path switched off, or not
     /// permitted) 4 MiB segments measured as fast as 256 KiB ones.
-    pub(crate) fn segment_hint(&self, members: &[u32]) -> Option<usize> {
+    pub(in crate::progress) fn segment_hint(&self, members: &[u32]) -> Option<usize> {
         let all_here = members
             .iter()
-            .all(|&m| m == self.rank || self.single_copy.on_this_host(m));
+            .all(|&m| m == self.core.rank || self.single_copy.on_this_host(m));
         (cross_memory::SUPPORTED && members.len() > 1 && all_here).then_some(ONE_HOST_SEGMENT)
     }
 
@@ -161,16 +152,16 @@ impl Engine {
     /// calls, and the single-copy path or the lanes are on. Each fast path has its own switch
     /// (`RLX_SINGLE_COPY`, `RLX_LANE_BYTES`); the offer serves both.
     fn same_host_willing(&self) -> bool {
-        cross_memory::SUPPORTED && (self.single_copy_on() || self.cfg.lane_bytes > 0)
+        cross_memory::SUPPORTED && (self.single_copy_on() || self.core.cfg.lane_bytes > 0)
     }
 
     /// Whether this rank's single-copy path is on (`RLX_SINGLE_COPY` did not turn it off).
     pub(super) fn single_copy_on(&self) -> bool {
-        self.cfg.min_single_copy != u64::MAX
+        self.core.cfg.min_single_copy != u64::MAX
     }
 
     /// Whether this rank reads large messages from `peer` by single copy (for tests and tools).
-    pub(crate) fn pulls_from(&self, peer: u32) -> bool {
+    pub(in crate::progress) fn pulls_from(&self, peer: u32) -> bool {
         self.single_copy_on()
             && self
                 .single_copy

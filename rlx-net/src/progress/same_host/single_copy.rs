@@ -62,10 +62,10 @@ use rlx_transport::{CollectiveError, blocked_send};
 use crate::error::Lost;
 use crate::frame::FrameHeader;
 
+use super::SameHost;
 use super::bounce::{BounceFile, PeerBounceFile};
 use super::descriptor::{BouncedHead, DESCRIPTOR_LEN, Descriptor, MAX_PARTS};
 use super::sys::cross_memory;
-use crate::progress::Engine;
 use crate::progress::hook::ProgressHook;
 use crate::progress::link::{Destination, OwnReceive, PeerIo};
 use crate::progress::socket::{poll, pollfd};
@@ -87,7 +87,7 @@ const LONGEST_SPIN: Duration = Duration::from_millis(5);
 const LONGEST_NAP: Duration = Duration::from_millis(1);
 
 /// How one message travels to its peer: the writer asks once per message
-/// ([`Engine::carriage`]).
+/// ([`SameHost::carriage`]).
 #[derive(Debug)]
 pub(in crate::progress) enum Carriage {
     /// As frames on the links.
@@ -142,7 +142,7 @@ pub(crate) struct SingleCopy {
 
 impl SingleCopy {
     /// The state of an engine whose peers `here[r]` says run on this host.
-    pub(crate) fn new(here: Box<[bool]>) -> Self {
+    pub(super) fn new(here: Box<[bool]>) -> Self {
         let mut nonce = Box::new([0u8; 16]);
         // Without randomness the nonce stays zero: the offer then still proves the peer can
         // read this process, only not that the process it named is this one, which the local
@@ -196,7 +196,7 @@ impl SingleCopy {
     }
 }
 
-impl Engine {
+impl SameHost<'_> {
     /// How data message `seq` in `parts` travels to `to` (sent in an exchange or not): by
     /// single copy when the peer took this rank's offer and the message is large enough and
     /// in few enough parts, then published as offered with its bounced head prepared; else as
@@ -221,7 +221,7 @@ impl Engine {
 
     /// Whether a message of `total` bytes in `parts` to `to` goes by pull.
     fn sends_single_copy_to(&self, to: u32, total: u64, parts: usize) -> bool {
-        total >= self.cfg.min_single_copy
+        total >= self.core.cfg.min_single_copy
             && parts <= MAX_PARTS
             && self
                 .single_copy
@@ -281,32 +281,32 @@ impl Engine {
         let started = Instant::now();
         let expected =
             Duration::from_nanos(total.saturating_mul(1_000_000_000) / EXPECTED_COPY_BYTES_PER_SEC);
-        let spin = self.cfg.spin.max(expected.min(LONGEST_SPIN));
+        let spin = self.core.cfg.spin.max(expected.min(LONGEST_SPIN));
         let mut nap = Duration::from_micros(20);
         loop {
             if words.taken.load(Ordering::SeqCst) == seq + 1 {
                 return Ok(());
             }
             if let Some(hook) = hook.as_deref_mut() {
-                if hook.serve(self) {
+                if hook.serve() {
                     continue;
                 }
             }
             let now = Instant::now();
-            let lost = crate::sync::lock(&self.hub.state).peers[to as usize]
+            let lost = crate::sync::lock(&self.core.hub.state).peers[to as usize]
                 .lost
                 .clone();
             let timed_out = deadline.is_some_and(|d| now >= d);
-            if self.is_aborted() || lost.is_some() || timed_out {
+            if self.core.is_aborted() || lost.is_some() || timed_out {
                 self.withdraw_offer(to);
                 // The peer may have taken it just before the offer was withdrawn.
                 if words.taken.load(Ordering::SeqCst) == seq + 1 {
                     return Ok(());
                 }
                 return Err(match lost {
-                    _ if self.is_aborted() => CollectiveError::Aborted,
+                    _ if self.core.is_aborted() => CollectiveError::Aborted,
                     Some(lost) => lost.error(to),
-                    None => self.abandon_send(to, io, "before it took the message"),
+                    None => self.core.abandon_send(to, io, "before it took the message"),
                 });
             }
             if now.duration_since(started) < spin {
@@ -323,7 +323,7 @@ impl Engine {
             // nobody reads (into the unexpected budget, as for messages over TCP).
             match hook.as_deref_mut().filter(|h| h.reading()) {
                 Some(hook) => {
-                    hook.wait(self, io, 0);
+                    hook.wait(io, 0);
                 }
                 None => self.nap(nap),
             }
@@ -337,7 +337,7 @@ impl Engine {
         if nap < LONGEST_NAP {
             std::thread::sleep(nap);
         } else {
-            let mut fds = [pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN)];
+            let mut fds = [pollfd(self.core.abort_rx.as_raw_fd(), libc::POLLIN)];
             poll(&mut fds, nap);
         }
         blocked_send::waiting();
@@ -402,7 +402,8 @@ impl Engine {
         let ticket = header.seq + 1;
         cross_memory::write_word(pid, desc.taken, ticket)
             .map_err(|e| self.single_copy_failed(from, pid, "writing the taken word", e))?;
-        self.traffic
+        self.core
+            .traffic
             .received_single_copy(total, matches!(land, Destination::Owned(_)));
         Ok(())
     }
@@ -451,7 +452,7 @@ impl Engine {
     }
 
     fn peer_label(&self, rank: u32) -> &str {
-        let addr = self.peers.get(rank as usize).and_then(|p| p.as_ref());
+        let addr = self.core.peers.get(rank as usize).and_then(|p| p.as_ref());
         addr.map_or("an unknown address", |p| p.addr.as_str())
     }
 }

@@ -9,9 +9,9 @@
 
 use rlx_transport::{CollectiveError, Tag};
 
+use super::SameHost;
 use crate::error::{Lost, protocol_lost};
 use crate::frame::{FrameHeader, FrameKind};
-use crate::progress::Engine;
 use crate::progress::link::{HeaderSent, Link, LinkRx, PeerIo, TxState, on_link_zero};
 use crate::sync::{Mutex, lock};
 
@@ -63,7 +63,7 @@ impl Lanes {
     }
 }
 
-impl Engine {
+impl SameHost<'_> {
     /// Moves link 0 to `to` onto the lane this rank made once the peer accepted it: the switch
     /// frame goes on the socket, everything after it into the ring. A socket that takes
     /// nothing now leaves the switch to a later send. Called by every send, under the peer's
@@ -95,8 +95,11 @@ impl Engine {
             return Ok(());
         };
         let header = FrameHeader::whole(FrameKind::Lane, Tag::from_raw(0), 0, 0).encode();
-        let limit = self.cfg.op_timeout;
-        match self.send_header_whole(to, io, link, &header, "a lane switch", limit) {
+        let limit = self.core.cfg.op_timeout;
+        match self
+            .core
+            .send_header_whole(to, io, link, &header, "a lane switch", limit)
+        {
             Ok(HeaderSent::Whole) => {
                 if let Some(ring) = waiting.made.take() {
                     tx.switched_out = Some(Box::new(LaneWriter::new(ring, socket)));
@@ -109,7 +112,7 @@ impl Engine {
             Ok(HeaderSent::Aborted) => Err(CollectiveError::Aborted),
             Err(lost) => {
                 let err = lost.error(to);
-                self.lose(to, lost);
+                self.core.lose(to, lost);
                 Err(err)
             }
         }

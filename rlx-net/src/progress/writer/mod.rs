@@ -18,12 +18,13 @@ use std::time::{Duration, Instant};
 use rlx_transport::{CollectiveError, Failure, Tag};
 
 use crate::frame::FrameKind;
-use crate::sync::lock;
+use crate::sync::{Mutex, lock};
 
-use super::Engine;
+use super::core::Core;
 use super::hook::ProgressHook;
 use super::link::{PeerIo, TxState};
-use super::same_host::Carriage;
+use super::reader::Reader;
+use super::same_host::{Carriage, SameHost};
 
 use self::frames::{Frames, Outgoing};
 use self::wait::{SendWait, try_lock_until};
@@ -78,7 +79,34 @@ impl Drop for OpenSend {
     }
 }
 
-impl Engine {
+/// The writer's view: the engine's core, the same-host room it asks how a message travels,
+/// the reader that drains free links while a send waits, and the count of messages this rank
+/// sent itself.
+#[derive(Clone, Copy)]
+pub(super) struct Writer<'a> {
+    core: &'a Core,
+    same_host: SameHost<'a>,
+    reader: Reader<'a>,
+    to_self: &'a Mutex<u64>,
+}
+
+impl<'a> Writer<'a> {
+    pub(super) fn new(
+        core: &'a Core,
+        same_host: SameHost<'a>,
+        reader: Reader<'a>,
+        to_self: &'a Mutex<u64>,
+    ) -> Self {
+        Self {
+            core,
+            same_host,
+            reader,
+            to_self,
+        }
+    }
+}
+
+impl Writer<'_> {
     /// Sends one message (or notice) to `to`; returns once every byte is written to the
     /// kernel.
     pub(crate) fn send(
@@ -92,11 +120,11 @@ impl Engine {
             .map(|_| ())
     }
 
-    /// [`Engine::send`] of a message that must not wait behind a peer that does not read:
+    /// [`Writer::send`] of a message that must not wait behind a peer that does not read:
     /// `Ok(false)` when its first byte could not leave within `wait` (another send to `to`
     /// holds the links that long, or the peer's socket stays full), and then nothing was sent
     /// and the link stays usable. Once a byte has left, the message is finished as
-    /// [`Engine::send`] would.
+    /// [`Writer::send`] would.
     pub(crate) fn try_send(
         &self,
         to: u32,
@@ -109,7 +137,7 @@ impl Engine {
         self.send_with(to, kind, tag, parts, WhileSending::Nothing, by)
     }
 
-    /// [`Engine::try_send`] of a message that runs `meanwhile` once the message is handed
+    /// [`Writer::try_send`] of a message that runs `meanwhile` once the message is handed
     /// over and before the send waits for the peer to take it (see
     /// `Transport::try_send_message_during`). `meanwhile` does not run when the message did not
     /// start (`Ok(false)`) or the send failed first; its error is returned once the send is
@@ -127,8 +155,8 @@ impl Engine {
         self.send_with(to, FrameKind::Data, tag, parts, work, by)
     }
 
-    /// [`Engine::send`], doing `while_sending` meanwhile, and giving up before the first byte
-    /// at `first_byte_by` when that is given (`Ok(false)`, see [`Engine::try_send`]).
+    /// [`Writer::send`], doing `while_sending` meanwhile, and giving up before the first byte
+    /// at `first_byte_by` when that is given (`Ok(false)`, see [`Writer::try_send`]).
     pub(super) fn send_with(
         &self,
         to: u32,
@@ -139,11 +167,11 @@ impl Engine {
         first_byte_by: Option<Instant>,
     ) -> Result<bool, CollectiveError> {
         let total = self.check_send(to, parts)?;
-        if to == self.rank {
+        if to == self.core.rank {
             return self.send_to_self(kind, tag, parts).map(|()| true);
         }
-        let io = self.peer_io(to)?;
-        if let Some(lost) = lock(&self.hub.state).peers[to as usize].lost.clone() {
+        let io = self.core.peer_io(to)?;
+        if let Some(lost) = lock(&self.core.hub.state).peers[to as usize].lost.clone() {
             return Err(lost.error(to));
         }
         let mut tx = match first_byte_by {
@@ -153,7 +181,7 @@ impl Engine {
                 None => return Ok(false),
             },
         };
-        self.switch_to_lane(to, io, &mut tx)?;
+        self.same_host.switch_to_lane(to, io, &mut tx)?;
         let (mut hook, work) = match while_sending {
             WhileSending::Nothing => (None, None),
             WhileSending::Hook(hook) => (Some(hook), None),
@@ -169,11 +197,11 @@ impl Engine {
             total,
         };
         let carriage = match kind {
-            FrameKind::Data => self.carriage(to, seq, parts, hook.is_some()),
+            FrameKind::Data => self.same_host.carriage(to, seq, parts, hook.is_some()),
             _ => Carriage::Stream,
         };
-        let mut frames = Frames::new(&msg, &carriage, io.links.len(), self.cfg.min_striped);
-        let mut wait = SendWait::new(first_byte_by, self.cfg.op_timeout);
+        let mut frames = Frames::new(&msg, &carriage, io.links.len(), self.core.cfg.min_striped);
+        let mut wait = SendWait::new(first_byte_by, self.core.cfg.op_timeout);
         if !self.write_frames(&msg, io, &mut tx, &mut frames, &mut hook, &mut wait)? {
             return Ok(false);
         }
@@ -185,7 +213,7 @@ impl Engine {
             // The bounced head goes in at once, before the caller's work: the peer copies it
             // out right behind.
             if bounced.len > 0 {
-                self.bounce_in(to, seq, parts, bounced);
+                self.same_host.bounce_in(to, seq, parts, bounced);
             }
         }
         // The caller's work runs while the peer takes the message. Its error waits until the
@@ -197,38 +225,40 @@ impl Engine {
         if matches!(carriage, Carriage::SingleCopy { .. }) {
             // The link stays this message's (the send lock held) until the peer has read it,
             // so that nothing overtakes it and the caller's buffer stays untouched meanwhile.
-            self.wait_taken(to, io, seq, total, hook, wait.deadline)?;
+            self.same_host
+                .wait_taken(to, io, seq, total, hook, wait.deadline(Instant::now()))?;
         }
         if kind == FrameKind::Data {
-            self.traffic.sent(total);
+            self.core.traffic.sent(total);
         }
         worked.map(|()| true)
     }
 
-    /// This engine's address, which tells its sends apart from another engine's on one thread.
+    /// The address of this engine's core, which tells its sends apart from another engine's
+    /// on one thread.
     fn address(&self) -> usize {
-        std::ptr::from_ref(self) as usize
+        std::ptr::from_ref(self.core) as usize
     }
 
     /// Checks a send to `to` of `parts` before anything is locked: the rank exists, the send
     /// does not run inside the work of another send to `to`, the transport runs, and the
     /// message fits the frame cap. Returns the message's length.
     fn check_send(&self, to: u32, parts: &[&[u8]]) -> Result<u64, CollectiveError> {
-        self.check_rank(to)?;
+        self.core.check_rank(to)?;
         if OpenSend::running(self.address(), to) {
             return Err(CollectiveError::invalid(format!(
                 "a send to rank {to} started inside work that runs while another send to rank \
                  {to} is in flight; it would wait for that send, which waits for the work"
             )));
         }
-        if self.is_aborted() {
+        if self.core.is_aborted() {
             return Err(CollectiveError::Aborted);
         }
         let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
-        if total > self.cfg.max_frame {
+        if total > self.core.cfg.max_frame {
             return Err(CollectiveError::invalid(format!(
                 "message of {total} bytes to rank {to} exceeds the frame cap of {} bytes (RLX_MAX_FRAME_BYTES)",
-                self.cfg.max_frame
+                self.core.cfg.max_frame
             )));
         }
         Ok(total)
@@ -253,9 +283,9 @@ impl Engine {
                     moved
                 }
                 Err(e) => {
-                    let lost = self.lost_from_io(to, "writing", &e);
+                    let lost = self.core.lost_from_io(to, "writing", &e);
                     let err = lost.error(to);
-                    self.lose(to, lost);
+                    self.core.lose(to, lost);
                     return Err(err);
                 }
             };
@@ -267,31 +297,31 @@ impl Engine {
             // The hook (an exchange's receive) moves on between writes, so both directions of
             // the link stream at once instead of one waiting for the other's socket to fill.
             if let Some(hook) = hook.as_deref_mut() {
-                progress |= hook.serve(self);
+                progress |= hook.serve();
             }
             if progress {
                 wait.lane_full_since = None;
                 continue;
             }
-            if self.is_aborted() {
+            if self.core.is_aborted() {
                 return Err(CollectiveError::Aborted);
             }
-            if let Some(lost) = lock(&self.hub.state).peers[to as usize].lost.clone() {
+            if let Some(lost) = lock(&self.core.hub.state).peers[to as usize].lost.clone() {
                 return Err(lost.error(to));
             }
             let now = Instant::now();
             if !wait.started && wait.first_byte_by.is_some_and(|by| now >= by) {
                 return Ok(false);
             }
-            if wait.deadline.is_some_and(|d| now >= d) {
+            if wait.deadline(now).is_some_and(|d| now >= d) {
                 if wait.started {
                     // Half a frame is on the wire: the link cannot carry anything else.
-                    return Err(self.abandon_send(to, io, "mid-message"));
+                    return Err(self.core.abandon_send(to, io, "mid-message"));
                 }
                 return Err(CollectiveError::Timeout {
                     peer: Some(to),
                     op: "send",
-                    after: self.cfg.op_timeout,
+                    after: self.core.cfg.op_timeout,
                 });
             }
             self.wait_for_room(io, tx, frames.pending(), hook, wait, now);
@@ -304,19 +334,19 @@ impl Engine {
         tag: Tag,
         parts: &[&[u8]],
     ) -> Result<(), CollectiveError> {
-        let mut seq = lock(&self.self_seq);
-        let mut st = lock(&self.hub.state);
+        let mut seq = lock(self.to_self);
+        let mut st = lock(&self.core.hub.state);
         match kind {
             FrameKind::Failure => {
                 let bytes = parts.concat();
-                let failure = Failure::decode(self.rank, &bytes)?;
-                st.deliver_local_failure(self.rank, *seq, tag, failure);
+                let failure = Failure::decode(self.core.rank, &bytes)?;
+                st.deliver_local_failure(self.core.rank, *seq, tag, failure);
             }
-            _ => st.deliver_local(self.rank, *seq, tag, parts.concat()),
+            _ => st.deliver_local(self.core.rank, *seq, tag, parts.concat()),
         }
         *seq += 1;
         drop(st);
-        self.hub.wake();
+        self.core.hub.wake();
         Ok(())
     }
 }

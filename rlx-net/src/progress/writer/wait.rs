@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use rlx_transport::blocked_send;
 
-use crate::progress::Engine;
+use super::Writer;
 use crate::progress::hook::ProgressHook;
 use crate::progress::hub::take_free_links;
 use crate::progress::link::{PeerIo, TxState};
@@ -31,8 +31,12 @@ thread_local! {
 pub(super) struct SendWait {
     /// When a send that must not wait gives up, as long as no byte has left.
     pub(super) first_byte_by: Option<Instant>,
-    /// The operation timeout.
-    pub(super) deadline: Option<Instant>,
+    /// The operation timeout, counted from the first moment the send could not go on.
+    op_timeout: Duration,
+    /// The deadline `op_timeout` makes, once known (`Some(None)`: none, the timeout being too
+    /// long to add). It is set the first time the send has to wait: a send whose bytes the
+    /// sockets take at once (every small message) never reads the clock for it.
+    deadline: Option<Option<Instant>>,
     pub(super) started: bool,
     /// The send still waits for its own sockets alone (see [`LIGHT_WAIT`]).
     pub(super) light: bool,
@@ -46,23 +50,33 @@ impl SendWait {
     pub(super) fn new(first_byte_by: Option<Instant>, op_timeout: Duration) -> Self {
         Self {
             first_byte_by,
-            deadline: Instant::now().checked_add(op_timeout),
+            op_timeout,
+            deadline: None,
             started: false,
             light: true,
             lane_full_since: None,
         }
     }
 
-    /// The next moment the send must look up from its wait.
+    /// The send's deadline, counted from `now` if this is the first time it is asked for.
+    pub(super) fn deadline(&mut self, now: Instant) -> Option<Instant> {
+        let op_timeout = self.op_timeout;
+        *self
+            .deadline
+            .get_or_insert_with(|| now.checked_add(op_timeout))
+    }
+
+    /// The next moment the send must look up from its wait (its deadline is known by then).
     fn until(&self) -> Option<Instant> {
+        let deadline = self.deadline.flatten();
         match self.first_byte_by.filter(|_| !self.started) {
-            Some(by) => Some(self.deadline.map_or(by, |d| d.min(by))),
-            None => self.deadline,
+            Some(by) => Some(deadline.map_or(by, |d| d.min(by))),
+            None => deadline,
         }
     }
 }
 
-impl Engine {
+impl Writer<'_> {
     /// Waits a while for room on the `pending` links of `io`: on a full lane by yielding, then
     /// in short naps; through the hook when it reads links of its own; for the peer's sockets
     /// alone at first; and then reading every free link meanwhile.
@@ -82,13 +96,13 @@ impl Engine {
         let pending = pending & !u64::from(lane_full);
         if lane_full {
             let since = *wait.lane_full_since.get_or_insert(now);
-            if now.duration_since(since) < self.cfg.spin {
+            if now.duration_since(since) < self.core.cfg.spin {
                 std::thread::yield_now();
                 return;
             }
         }
         if let Some(hook) = hook.as_deref_mut().filter(|h| h.reading()) {
-            if hook.wait(self, io, pending) {
+            if hook.wait(io, pending) {
                 return;
             }
         }
@@ -116,7 +130,7 @@ impl Engine {
             fds.clear();
             io.push_writable(pending, &mut fds);
             let links = fds.len();
-            fds.push(pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN));
+            fds.push(pollfd(self.core.abort_rx.as_raw_fd(), libc::POLLIN));
             poll(&mut fds, LIGHT_WAIT);
             fds[..links].iter().any(|fd| fd.revents != 0)
         })
@@ -129,8 +143,13 @@ impl Engine {
             let mut held = held.borrow_mut();
             held.clear();
             take_free_links(
-                &mut lock(&self.hub.state),
-                |rank| self.peers.get(rank as usize).is_some_and(Option::is_some),
+                &mut lock(&self.core.hub.state),
+                |rank| {
+                    self.core
+                        .peers
+                        .get(rank as usize)
+                        .is_some_and(Option::is_some)
+                },
                 false,
                 &mut held,
             );
@@ -150,7 +169,7 @@ impl Engine {
                 io.push_writable(pending, &mut fds);
                 let held_links = || {
                     held.iter()
-                        .filter_map(|&(rank, k)| match self.peers.get(rank as usize) {
+                        .filter_map(|&(rank, k)| match self.core.peers.get(rank as usize) {
                             Some(Some(p)) => Some(&p.links[k]),
                             _ => None,
                         })
@@ -160,13 +179,13 @@ impl Engine {
                     fds.push(pollfd(link.fd(), libc::POLLIN));
                     ready |= link.before_poll();
                 }
-                fds.push(pollfd(self.abort_rx.as_raw_fd(), libc::POLLIN));
+                fds.push(pollfd(self.core.abort_rx.as_raw_fd(), libc::POLLIN));
                 if !ready {
                     poll(&mut fds, wait);
                 }
                 held_links().for_each(|link| link.after_poll());
             });
-            self.drain_held(&held);
+            self.reader.drain_held(&held);
         });
         blocked_send::waiting();
     }
