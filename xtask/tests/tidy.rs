@@ -1,7 +1,8 @@
 //! Tidy checks over the whole workspace source, in the spirit of rust-analyzer's: every Rust file
 //! opens with a `//!` doc saying what it is for, no file carries an unexplained marker of
 //! unfinished work, every file ARCHITECTURE.md names exists, and the README's table of
-//! environment variables is the list of the variables the libraries read.
+//! environment variables is the list of the variables the libraries read; and the engine's
+//! rooms name only their views, never the `Engine`.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -283,4 +284,32 @@ fn readme_variable_rows_match_the_crates_lists() {
         assert_eq!(marked, variable.backends, "{}: backends", variable.name);
         assert_eq!(row[4], variable.default, "{}: default", variable.name);
     }
+}
+
+/// The engine's rooms are views (see `rlx-net/src/progress/mod.rs`): only the façade names the
+/// `Engine`, so a room cannot grow back into one more `impl Engine` block that sees every
+/// other room's state.
+#[test]
+fn only_the_engine_facade_names_the_engine() {
+    let progress = workspace_root().join("rlx-net/src/progress");
+    let mut files = Vec::new();
+    rust_files(&progress, &mut files);
+    assert!(files.len() > 10, "found only {} engine files", files.len());
+    let offenders: Vec<_> = files
+        .into_iter()
+        .filter(|path| !path.ends_with("progress/mod.rs"))
+        .filter(|path| {
+            let text = fs::read_to_string(path).unwrap_or_default();
+            text.lines()
+                .filter(|line| !line.trim_start().starts_with("//"))
+                .any(|line| {
+                    line.split(|c: char| !c.is_alphanumeric() && c != '_')
+                        .any(|word| word == "Engine")
+                })
+        })
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "engine rooms that name the Engine instead of taking a view: {offenders:#?}"
+    );
 }

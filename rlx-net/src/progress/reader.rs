@@ -1,6 +1,9 @@
 //! The link service: the reader side that decodes frame headers on one link, lands payloads in
 //! the caller's buffer, an owned buffer or nowhere (read from the socket, or from the sender's
-//! memory for a single-copy frame), and accounts the bytes in the matching state.
+//! memory for a single-copy frame), and accounts the bytes in the matching state. The
+//! [`Reader`] also drains links a thread holds for nobody's receive in particular (a blocked
+//! sender, the watcher, a catch-up), and withdraws a receive whose deadline passed while it
+//! read.
 
 use std::io;
 use std::time::Instant;

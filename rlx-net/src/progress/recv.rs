@@ -1,7 +1,7 @@
-//! The receive path over TCP: the engine's side of [`Links`], by which the receive loop of
-//! [`Hub::recv`] reads the sockets of a peer itself (non-blocking reads in a short spin, then
-//! `poll(2)`) once it holds their reader role; and the draining of links a thread holds for
-//! nobody's receive in particular (a blocked sender, the watcher, a catch-up).
+//! The receive path over TCP: the [`Receiver`], the engine's side of [`Drive`], by which the
+//! receive loop of [`Hub::recv`] reads the sockets of a peer itself (non-blocking reads in a
+//! short spin, then `poll(2)`) once it holds their reader role, landing frames through the
+//! reader (`reader.rs`).
 
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
