@@ -7,6 +7,9 @@
 //!   it is combined, and [`Element`] the Rust types that travel as each dtype; [`Tag`] and
 //!   [`TAG_RESERVED_BASE`]: the tag space.
 //! - [`MemTransport`]: ranks as threads of one process, built on the shared [`Inbox`].
+//! - [`sim::SimTransport`]: thread ranks whose network is simulated on a virtual clock (a
+//!   switch, a cable mesh, a ring or a chain at a given rate and latency), so that the
+//!   collectives can be timed at world sizes and on networks this machine does not have.
 //! - [`SymmetricTransport`] (module [`symmetric`]): one-sided put/get/atomics on a symmetric
 //!   heap, provided for any transport by [`Symmetric`].
 //! - [`Delegate`]: how a transport that wraps another forwards every [`Transport`] method to
@@ -50,6 +53,7 @@ pub mod inbox;
 pub mod interfaces;
 mod mem;
 pub mod ports;
+pub mod sim;
 pub mod symmetric;
 mod sync;
 mod tag;

@@ -70,6 +70,11 @@ enum Command {
     /// A/B of two release builds of this binary: their benches in turn, round after round, and
     /// a table of each row's median time, new over old, flagging rows more than 5% slower.
     BenchAb(bench::ab::AbArgs),
+    /// The bench's operations on a simulated network (a switch, a mesh, a ring or a chain of
+    /// cables at a given rate and latency) at up to a thousand thread ranks, on a virtual
+    /// clock: the collectives that ship, their predicted times against each operation's
+    /// lower bound.
+    Simulate(bench::simulate::SimulateArgs),
     /// Runs any program as N ranks with the launch environment (torchrun / mlx.launch style):
     /// rank-prefixed output, and the first failed rank's exit code.
     Launch(launch::LaunchArgs),
@@ -115,6 +120,7 @@ fn main() -> ExitCode {
         Command::TestCluster(args) => cluster::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::BenchAb(args) => bench::ab::run(&args),
+        Command::Simulate(args) => bench::simulate::run(&args),
         Command::Rank(args) => {
             rlx_collective::install_debug_subscriber();
             cluster::worker::run(&args)

@@ -17,6 +17,7 @@ mod measure;
 mod plot;
 mod report;
 mod side_by_side;
+pub(crate) mod simulate;
 mod systems;
 pub(crate) mod worker;
 

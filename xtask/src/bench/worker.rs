@@ -10,7 +10,7 @@
 
 use std::io::BufRead;
 use std::sync::mpsc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use rlx_collective::{CollectiveError, Compressor, DType, ProcessGroup, ReduceKind};
@@ -83,12 +83,14 @@ fn drive(group: &ProcessGroup, lines: impl Iterator<Item = String>) -> Result<()
     if leader {
         println!("ready");
     }
+    let epoch = Instant::now();
+    let real_clock = || epoch.elapsed();
     for line in lines {
         if line.trim() == "quit" {
             break;
         }
         let (reply, fatal) = match Step::parse(&line) {
-            Ok(step) => match run_step(group, &step) {
+            Ok(step) => match run_step(group, &step, &real_clock) {
                 Ok(reply) => (reply, false),
                 Err(e) => (Reply::Error(e.to_string()), e.is_fatal()),
             },
@@ -125,8 +127,14 @@ struct Buffers {
     compressed: Option<(Vec<f32>, Vec<f32>, Compressor)>,
 }
 
-/// Runs one step and returns rank 0's answer (the other ranks' return value is ignored).
-fn run_step(group: &ProcessGroup, step: &Step) -> Result<Reply, CollectiveError> {
+/// Runs one step and returns rank 0's answer (the other ranks' return value is ignored),
+/// timing each iteration on `clock` (the time since any fixed moment): the real clock for the
+/// bench, a simulated rank's virtual clock for `simulate`.
+pub(crate) fn run_step(
+    group: &ProcessGroup,
+    step: &Step,
+    clock: &dyn Fn() -> Duration,
+) -> Result<Reply, CollectiveError> {
     let rank = group.rank();
     let world = group.world_size();
     let dtype = step.dtype;
@@ -217,9 +225,9 @@ fn run_step(group: &ProcessGroup, step: &Step) -> Result<Reply, CollectiveError>
             buffers.out.copy_from_slice(&buffers.poison);
         }
         group.barrier()?;
-        let started = Instant::now();
+        let started = clock();
         once(group, step, redop, &mut buffers)?;
-        let elapsed = started.elapsed();
+        let elapsed = clock().saturating_sub(started);
         if iteration >= step.warmup {
             micros.push(elapsed.as_secs_f64() * 1e6);
         }
