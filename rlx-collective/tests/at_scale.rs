@@ -7,21 +7,8 @@
 
 mod common;
 
-use rlx_collective::conformance::{self, ConformanceOptions};
+use rlx_collective::conformance::ConformanceOptions;
 use rlx_collective::{CollectiveOp, DType, ReduceKind};
-
-fn exact_everywhere(world: u32, options: ConformanceOptions) {
-    let reports = common::on_each(common::world(world), move |group| {
-        conformance::run(&group, &options)
-    });
-    let mut cases = 0;
-    for report in reports {
-        let report = report.unwrap_or_else(|e| panic!("world {world}: the run failed: {e}"));
-        assert!(report.passed(), "world {world}: {}", report.summary());
-        cases = report.cases().len();
-    }
-    assert!(cases > 0, "world {world}: no case ran");
-}
 
 /// Every collective on a float, a half-width float and an integer type, empty, one element,
 /// a prime count and one past a segment (the cap makes 1031 elements take several segments).
@@ -44,12 +31,12 @@ fn sixteen_ranks_every_algorithm() {
         dtypes: vec![DType::F32, DType::BF16],
         ..options(true, 16)
     };
-    exact_everywhere(16, options);
+    common::exact_everywhere(16, options);
 }
 
 #[test]
 fn sixty_four_ranks() {
-    exact_everywhere(64, options(false, 64));
+    common::exact_everywhere(64, options(false, 64));
 }
 
 /// At 256 ranks every rank computes the reference from every rank's input, so an
@@ -67,12 +54,12 @@ fn two_hundred_fifty_six_ranks() {
         sizes: vec![1, 1031],
         ..options(false, 256)
     };
-    exact_everywhere(256, others);
+    common::exact_everywhere(256, others);
     let all_to_all = ConformanceOptions {
         ops: vec![CollectiveOp::AllToAll],
         dtypes: vec![DType::I32],
         sizes: vec![1, 3],
         ..options(false, 257)
     };
-    exact_everywhere(256, all_to_all);
+    common::exact_everywhere(256, all_to_all);
 }

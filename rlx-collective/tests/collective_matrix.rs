@@ -8,21 +8,8 @@
 
 mod common;
 
-use rlx_collective::conformance::{self, ConformanceOptions, DEFAULT_SIZES};
+use rlx_collective::conformance::{ConformanceOptions, DEFAULT_SIZES};
 use rlx_collective::{CollectiveOp, DType, ReduceKind};
-
-fn run_everywhere(world: u32, options: ConformanceOptions) {
-    let reports = common::on_each(common::world(world), move |group| {
-        conformance::run(&group, &options)
-    });
-    let mut cases = 0;
-    for report in reports {
-        let report = report.unwrap_or_else(|e| panic!("world {world}: the run failed: {e}"));
-        assert!(report.passed(), "world {world}: {}", report.summary());
-        cases = report.cases().len();
-    }
-    assert!(cases > 0, "world {world}: no case ran");
-}
 
 fn all_reduce_options(sizes: Vec<usize>, max_segment_bytes: Option<usize>) -> ConformanceOptions {
     ConformanceOptions {
@@ -59,7 +46,7 @@ macro_rules! world_tests {
             $(
                 #[test]
                 fn $name() {
-                    run_everywhere($n, all_reduce_options(DEFAULT_SIZES.to_vec(), None));
+                    common::exact_everywhere($n, all_reduce_options(DEFAULT_SIZES.to_vec(), None));
                 }
             )*
         }
@@ -70,7 +57,7 @@ macro_rules! world_tests {
                 fn $name() {
                     // 96-byte segments: 1000 f64 on 8 ranks is 2 segments per block, 4099
                     // i8 on 2 ranks is 22.
-                    run_everywhere($n, all_reduce_options(vec![1000, 4099], Some(96)));
+                    common::exact_everywhere($n, all_reduce_options(vec![1000, 4099], Some(96)));
                 }
             )*
         }
@@ -79,8 +66,8 @@ macro_rules! world_tests {
             $(
                 #[test]
                 fn $name() {
-                    run_everywhere($n, others_options(vec![0, 1, 7, 13, 1000], None));
-                    run_everywhere($n, others_options(vec![2, 4099], Some(96)));
+                    common::exact_everywhere($n, others_options(vec![0, 1, 7, 13, 1000], None));
+                    common::exact_everywhere($n, others_options(vec![2, 4099], Some(96)));
                 }
             )*
         }

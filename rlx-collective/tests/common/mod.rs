@@ -219,3 +219,21 @@ pub(crate) fn tcp_world(
     }
     panic!("three rendezvous ports in a row were occupied");
 }
+
+/// Runs the conformance cases of `options` on every rank of a thread world of `world` ranks
+/// and fails unless every rank ran some and passed them all.
+pub(crate) fn exact_everywhere(
+    world: u32,
+    options: rlx_collective::conformance::ConformanceOptions,
+) {
+    let reports = on_each(self::world(world), move |group| {
+        rlx_collective::conformance::run(&group, &options)
+    });
+    let mut cases = 0;
+    for report in reports {
+        let report = report.unwrap_or_else(|e| panic!("world {world}: the run failed: {e}"));
+        assert!(report.passed(), "world {world}: {}", report.summary());
+        cases = report.cases().len();
+    }
+    assert!(cases > 0, "world {world}: no case ran");
+}

@@ -9,9 +9,11 @@
 //! per-message overhead. Nothing reads a real clock for the model: the simulated time of an
 //! algorithm that runs one thread per rank depends only on what each rank sends and receives
 //! in its program order, so it is the same in every run, however many ranks share the two
-//! cores. Algorithms that run several threads per rank (the direct plans of a cable mesh)
-//! charge the rank's clock from each thread, which depends on their order only where two
-//! threads use one link.
+//! cores. A rank's threads keep clocks of their own (the direct plans of a cable mesh run one
+//! per cable): a thread the rank's owner starts begins where the owner stood, and the owner
+//! goes on from the latest of them ([`SimTransport::thread_clock`]), so those plans are timed
+//! as their cables run, at once, and the same in every run as long as no two threads share a
+//! link.
 //!
 //! What the model leaves out, on purpose: the cost of reductions (the transport does not see
 //! them; the simulated time is the network's), contention on the middle links of a route
@@ -19,12 +21,14 @@
 
 mod model;
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::thread::ThreadId;
 use std::time::Duration;
 
 pub use model::{Link, Model, Route, Shape};
@@ -35,45 +39,54 @@ use crate::{CollectiveError, MemTransport, Result, Tag, Topology, Transport};
 /// The bytes before every payload: the virtual nanosecond its message reaches its receiver.
 const STAMP_LEN: usize = 8;
 
+thread_local! {
+    /// This thread's clock for each rank it uses without owning it, by the rank's address
+    /// (see [`SimTransport::thread_clock`]).
+    static THREAD_CLOCKS: RefCell<HashMap<usize, u64>> = RefCell::new(HashMap::new());
+}
+
 /// What the ranks of one simulated world share: the model, each rank's clock and when each
 /// link is next free.
 struct Ledger {
     model: Model,
     world: u32,
-    /// Each rank's virtual now, in nanoseconds.
+    /// Each rank's clock as its owner thread (the first to use it) last left it, in
+    /// nanoseconds: where the threads it starts begin.
     clocks: Vec<AtomicU64>,
-    /// When each link that carried something is free again, in virtual nanoseconds.
-    links: Mutex<HashMap<Link, u64>>,
+    /// Each rank's latest moment over all its threads: when it finished what it did.
+    latest: Vec<AtomicU64>,
+    /// When each link that carried something is free again, in virtual nanoseconds, booked by
+    /// senders (`Side::Sending`) and receivers (`Side::Receiving`) apart.
+    links: Mutex<HashMap<(Link, Side), u64>>,
+}
+
+/// Who books a link: its senders, in the order each issues its sends, or its receivers, in
+/// the order each takes its messages. The two never book one entry, so that no booking
+/// depends on how a sender's and a receiver's threads interleave (a ring's cable carries its
+/// sender's own messages and the messages forwarded over it, booked by either end).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Side {
+    Sending,
+    Receiving,
 }
 
 impl Ledger {
-    /// Books `link` for `occupancy` nanoseconds from `ready` on, or from when it is free if
-    /// later; returns when the booking begins.
-    fn book(&self, link: Link, ready: u64, occupancy: u64) -> u64 {
+    /// Books `link` for `side` for `occupancy` nanoseconds from `ready` on, or from when it is
+    /// free if later; returns when the booking begins.
+    fn book(&self, link: Link, side: Side, ready: u64, occupancy: u64) -> u64 {
         let mut links = self.links.lock().unwrap_or_else(PoisonError::into_inner);
-        let free = links.entry(link).or_insert(0);
+        let free = links.entry((link, side)).or_insert(0);
         let start = ready.max(*free);
         *free = start.saturating_add(occupancy);
         start
-    }
-
-    /// Moves `rank`'s clock to at least `moment`, then on by `step`; returns the new time.
-    fn advance(&self, rank: u32, moment: u64, step: u64) -> u64 {
-        let clock = &self.clocks[rank as usize];
-        let mut now = clock.load(Ordering::Relaxed);
-        loop {
-            let next = now.max(moment).saturating_add(step);
-            match clock.compare_exchange_weak(now, next, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return next,
-                Err(seen) => now = seen,
-            }
-        }
     }
 }
 
 /// One rank of a simulated world; see the module docs.
 pub struct SimTransport {
     rank: u32,
+    /// The thread that used this rank first (see [`SimTransport::thread_clock`]).
+    owner: OnceLock<ThreadId>,
     inner: Arc<MemTransport>,
     ledger: Arc<Ledger>,
     topology: Option<Topology>,
@@ -98,6 +111,7 @@ impl SimTransport {
             model,
             world,
             clocks: (0..world).map(|_| AtomicU64::new(0)).collect(),
+            latest: (0..world).map(|_| AtomicU64::new(0)).collect(),
             links: Mutex::new(HashMap::new()),
         });
         let topology = cabling(world, model.shape);
@@ -107,6 +121,7 @@ impl SimTransport {
             .map(|(rank, inner)| {
                 Arc::new(SimTransport {
                     rank: rank as u32,
+                    owner: OnceLock::new(),
                     inner,
                     ledger: Arc::clone(&ledger),
                     topology: topology.clone(),
@@ -117,14 +132,14 @@ impl SimTransport {
 
     /// This rank's virtual time.
     pub fn now(&self) -> Duration {
-        Duration::from_nanos(self.ledger.clocks[self.rank as usize].load(Ordering::Relaxed))
+        Duration::from_nanos(self.ledger.latest[self.rank as usize].load(Ordering::Relaxed))
     }
 
     /// The latest virtual time of any rank of the world: when the last of them finished.
     pub fn world_now(&self) -> Duration {
         let latest = self
             .ledger
-            .clocks
+            .latest
             .iter()
             .map(|c| c.load(Ordering::Relaxed))
             .max()
@@ -132,18 +147,57 @@ impl SimTransport {
         Duration::from_nanos(latest)
     }
 
+    /// The calling thread's clock for this rank. Each thread of a rank has a clock of its own,
+    /// so that threads that exchange over different cables at once (the direct plans of a
+    /// mesh) do not wait for each other's messages. The first thread to use the rank owns it:
+    /// a thread it starts begins at the owner's clock (the moment it forked them, since the
+    /// owner waits meanwhile), and the owner, when it goes on, begins from the latest moment
+    /// of all of them (the moment it joined them).
+    fn thread_clock(&self) -> u64 {
+        let rank = self.rank as usize;
+        if self.owns() {
+            let own = self.ledger.clocks[rank].load(Ordering::Relaxed);
+            return own.max(self.ledger.latest[rank].load(Ordering::Relaxed));
+        }
+        let forked = || self.ledger.clocks[rank].load(Ordering::Relaxed);
+        THREAD_CLOCKS.with(|clocks| *clocks.borrow_mut().entry(self.key()).or_insert_with(forked))
+    }
+
+    /// Sets the calling thread's clock for this rank to `moment`.
+    fn set_thread_clock(&self, moment: u64) {
+        let rank = self.rank as usize;
+        if self.owns() {
+            self.ledger.clocks[rank].store(moment, Ordering::Relaxed);
+        } else {
+            THREAD_CLOCKS.with(|clocks| clocks.borrow_mut().insert(self.key(), moment));
+        }
+        self.ledger.latest[rank].fetch_max(moment, Ordering::Relaxed);
+    }
+
+    /// Whether the calling thread owns this rank (the first thread to ask does).
+    fn owns(&self) -> bool {
+        let me = std::thread::current().id();
+        *self.owner.get_or_init(|| me) == me
+    }
+
+    /// What tells this rank apart from every other in a thread's clocks.
+    fn key(&self) -> usize {
+        std::ptr::from_ref(self) as usize
+    }
+
     /// The virtual moment a message of `bytes` sent now to `to` reaches it (and books the
     /// link it leaves by).
     fn dispatch(&self, to: u32, bytes: u64) -> u64 {
         let ledger = &self.ledger;
         let model = &ledger.model;
-        let ready = ledger.advance(self.rank, 0, model.overhead_ns());
+        let ready = self.thread_clock().saturating_add(model.overhead_ns());
+        self.set_thread_clock(ready);
         if to == self.rank {
             return ready;
         }
         let route = model.route(ledger.world, self.rank, to);
         let occupancy = model.occupancy_ns(bytes);
-        let start = ledger.book(route.first, ready, occupancy);
+        let start = ledger.book(route.first, Side::Sending, ready, occupancy);
         start
             .saturating_add(model.latency_ns(route.hops))
             .saturating_add(occupancy)
@@ -159,11 +213,13 @@ impl SimTransport {
             let route = model.route(ledger.world, from, self.rank);
             if route.last != route.first {
                 let occupancy = model.occupancy_ns(bytes);
-                let start = ledger.book(route.last, arrival.saturating_sub(occupancy), occupancy);
+                let ready = arrival.saturating_sub(occupancy);
+                let start = ledger.book(route.last, Side::Receiving, ready, occupancy);
                 done = start.saturating_add(occupancy);
             }
         }
-        ledger.advance(self.rank, done, model.overhead_ns());
+        let now = self.thread_clock().max(done);
+        self.set_thread_clock(now.saturating_add(model.overhead_ns()));
     }
 
     /// Splits a received message into its stamp and payload, and charges its receipt.
@@ -319,6 +375,43 @@ mod tests {
         // Both arrive at 2100 on their own; the switch's port to rank 2 carries the second
         // after the first: 2100 + 100 (overhead), then 3100 + 100.
         assert_eq!(world[2].now(), Duration::from_nanos(3200));
+    }
+
+    #[test]
+    fn threads_of_one_rank_exchange_over_their_cables_at_once() {
+        let model = Model::new(
+            Shape::Mesh,
+            8e9,
+            Duration::from_micros(1),
+            Duration::from_nanos(100),
+        );
+        let world = SimTransport::fan_out(3, model);
+        let tag = Tag::user(1).expect("a user tag");
+        let wait = Duration::from_secs(10);
+        std::thread::scope(|scope| {
+            for peer in [1, 2] {
+                let rank = &world[peer as usize];
+                scope.spawn(move || {
+                    let got = rank.recv_message(0, tag, wait).expect("recv");
+                    rank.send_message(0, tag, &[&got.expect("a message")])
+                });
+            }
+            // Rank 0's own thread uses it first (a message to itself: 200 ns), then forks a
+            // thread per cable.
+            world[0].send_message(0, tag, &[]).expect("send to self");
+            world[0].recv_message(0, tag, wait).expect("recv from self");
+            std::thread::scope(|cables| {
+                for peer in [1, 2] {
+                    let zero = &world[0];
+                    cables.spawn(move || {
+                        zero.send_message(peer, tag, &[&[9u8; 1000]])?;
+                        zero.recv_message(peer, tag, wait)
+                    });
+                }
+            });
+        });
+        // Each cable alone: out 300 + 2000 = 2300, the peer's turn 200, back 2000, in 100.
+        assert_eq!(world[0].now(), Duration::from_nanos(4600));
     }
 
     #[test]
