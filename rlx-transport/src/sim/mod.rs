@@ -11,7 +11,7 @@
 //! in its program order, so it is the same in every run, however many ranks share the two
 //! cores. A rank's threads keep clocks of their own (the direct plans of a cable mesh run one
 //! per cable): a thread the rank's owner starts begins where the owner stood, and the owner
-//! goes on from the latest of them ([`SimTransport::thread_clock`]), so those plans are timed
+//! goes on from the latest of them (`SimTransport::thread_clock`), so those plans are timed
 //! as their cables run, at once, and the same in every run as long as no two threads share a
 //! link.
 //!
