@@ -12,8 +12,10 @@
 //! cores. A rank's threads keep clocks of their own (the direct plans of a cable mesh run one
 //! per cable): a thread the rank's owner starts begins where the owner stood, and the owner
 //! goes on from the latest of them (`SimTransport::thread_clock`), so those plans are timed
-//! as their cables run, at once, and the same in every run as long as no two threads share a
-//! link.
+//! as their cables run, at once. The owner catches up at every call, not only once its threads
+//! are joined: an owner that exchanges beside its threads (as `per_cable::concurrently` in
+//! `rlx-collective` does) starts after them, which makes such rows pessimistic and lets them
+//! depend on the threads' order.
 //!
 //! What the model leaves out, on purpose: the cost of reductions (the transport does not see
 //! them; the simulated time is the network's), contention on the middle links of a route
