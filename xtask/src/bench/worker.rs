@@ -158,53 +158,94 @@ pub(crate) fn run_step(
     } else {
         count
     };
-    let pristine = match step.op {
-        // A compressed all-reduce keeps its f32 buffers of its own (see below).
-        _ if step.compression.is_some() => Vec::new(),
-        BenchOp::AllReduce
-        | BenchOp::AllReduceMany
-        | BenchOp::AllReduceEach
-        | BenchOp::Reduce
-        | BenchOp::ReduceScatter => check::encode(
-            dtype,
-            (0..count).map(|i| check::reduce_input(redop, rank, world, i)),
-        ),
-        BenchOp::Broadcast if rank != 0 => check::encode(dtype, (0..count).map(|_| POISON)),
-        BenchOp::Broadcast => check::encode(dtype, (0..count).map(|i| check::data_value(0, i))),
-        BenchOp::AllGather | BenchOp::Gather => {
-            check::encode(dtype, (0..block).map(|i| check::data_value(rank, i)))
+    let mut buffers = Buffers::for_step(step, redop, rank, world, block);
+    let micros = timed_iterations(group, step, redop, &mut buffers, clock)?;
+    let wire_bytes = buffers
+        .compressed
+        .as_ref()
+        .map(|(_, _, compressor)| compressor.last_wire_bytes());
+    let wrong = count_wrong(group, step, redop, block, &buffers);
+    // Outside the timed region: the slowest rank's time per iteration and the total of wrong
+    // elements over every rank.
+    let mut slowest: Vec<u8> = micros.iter().flat_map(|t| t.to_le_bytes()).collect();
+    group.all_reduce_typed(&mut slowest, DType::F64, ReduceKind::Max)?;
+    let mut wrong_total = i64::try_from(wrong).unwrap_or(i64::MAX).to_le_bytes();
+    group.all_reduce_typed(&mut wrong_total, DType::I64, ReduceKind::Sum)?;
+    let micros = slowest
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .collect();
+    Ok(Reply::Ran {
+        wrong: u64::try_from(i64::from_le_bytes(wrong_total)).unwrap_or(0),
+        micros,
+        wire_bytes,
+    })
+}
+
+impl Buffers {
+    /// The buffers of `step` on `rank` of `world` (`block` elements per rank for the blocked
+    /// operations): inputs from the check's values, outputs poisoned.
+    fn for_step(step: &Step, redop: ReduceKind, rank: u32, world: u32, block: u64) -> Buffers {
+        let (dtype, count) = (step.dtype, step.count);
+        let pristine = match step.op {
+            // A compressed all-reduce keeps its f32 buffers of its own (see below).
+            _ if step.compression.is_some() => Vec::new(),
+            BenchOp::AllReduce
+            | BenchOp::AllReduceMany
+            | BenchOp::AllReduceEach
+            | BenchOp::Reduce
+            | BenchOp::ReduceScatter => check::encode(
+                dtype,
+                (0..count).map(|i| check::reduce_input(redop, rank, world, i)),
+            ),
+            BenchOp::Broadcast if rank != 0 => check::encode(dtype, (0..count).map(|_| POISON)),
+            BenchOp::Broadcast => check::encode(dtype, (0..count).map(|i| check::data_value(0, i))),
+            BenchOp::AllGather | BenchOp::Gather => {
+                check::encode(dtype, (0..block).map(|i| check::data_value(rank, i)))
+            }
+            BenchOp::Scatter if rank != 0 => Vec::new(),
+            BenchOp::Scatter => check::encode(dtype, (0..count).map(|i| check::data_value(0, i))),
+            BenchOp::AllToAll | BenchOp::SendRecv => {
+                check::encode(dtype, (0..count).map(|i| check::data_value(rank, i)))
+            }
+        };
+        let compressed = step.compression.map(|compression| {
+            let values: Vec<f32> = (0..count)
+                .map(|i| check::reduce_input(redop, rank, world, i) as f32)
+                .collect();
+            (values.clone(), values, Compressor::new(compression))
+        });
+        let out_count = match step.op {
+            _ if step.compression.is_some() => 0,
+            BenchOp::ReduceScatter | BenchOp::Scatter => block,
+            BenchOp::Gather if rank != 0 => 0,
+            BenchOp::AllGather | BenchOp::AllToAll | BenchOp::SendRecv | BenchOp::Gather => count,
+            BenchOp::AllReduce
+            | BenchOp::AllReduceMany
+            | BenchOp::AllReduceEach
+            | BenchOp::Reduce
+            | BenchOp::Broadcast => 0,
+        };
+        let poison = check::encode(dtype, (0..out_count).map(|_| POISON));
+        Buffers {
+            work: pristine.clone(),
+            pristine,
+            out: poison.clone(),
+            poison,
+            compressed,
         }
-        BenchOp::Scatter if rank != 0 => Vec::new(),
-        BenchOp::Scatter => check::encode(dtype, (0..count).map(|i| check::data_value(0, i))),
-        BenchOp::AllToAll | BenchOp::SendRecv => {
-            check::encode(dtype, (0..count).map(|i| check::data_value(rank, i)))
-        }
-    };
-    let compressed = step.compression.map(|compression| {
-        let values: Vec<f32> = (0..count)
-            .map(|i| check::reduce_input(redop, rank, world, i) as f32)
-            .collect();
-        (values.clone(), values, Compressor::new(compression))
-    });
-    let out_count = match step.op {
-        _ if step.compression.is_some() => 0,
-        BenchOp::ReduceScatter | BenchOp::Scatter => block,
-        BenchOp::Gather if rank != 0 => 0,
-        BenchOp::AllGather | BenchOp::AllToAll | BenchOp::SendRecv | BenchOp::Gather => count,
-        BenchOp::AllReduce
-        | BenchOp::AllReduceMany
-        | BenchOp::AllReduceEach
-        | BenchOp::Reduce
-        | BenchOp::Broadcast => 0,
-    };
-    let poison = check::encode(dtype, (0..out_count).map(|_| POISON));
-    let mut buffers = Buffers {
-        work: pristine.clone(),
-        pristine,
-        out: poison.clone(),
-        poison,
-        compressed,
-    };
+    }
+}
+
+/// Runs `step`'s warm-up and timed iterations on `buffers`, each after a barrier and timed on
+/// `clock`; returns this rank's time of each timed iteration, in microseconds.
+fn timed_iterations(
+    group: &ProcessGroup,
+    step: &Step,
+    redop: ReduceKind,
+    buffers: &mut Buffers,
+    clock: &dyn Fn() -> Duration,
+) -> Result<Vec<f64>, CollectiveError> {
     let total = step.warmup + step.iters.max(1);
     let mut micros = Vec::with_capacity(total as usize);
     for iteration in 0..total {
@@ -226,32 +267,13 @@ pub(crate) fn run_step(
         }
         group.barrier()?;
         let started = clock();
-        once(group, step, redop, &mut buffers)?;
+        once(group, step, redop, buffers)?;
         let elapsed = clock().saturating_sub(started);
         if iteration >= step.warmup {
             micros.push(elapsed.as_secs_f64() * 1e6);
         }
     }
-    let wire_bytes = buffers
-        .compressed
-        .as_ref()
-        .map(|(_, _, compressor)| compressor.last_wire_bytes());
-    let wrong = count_wrong(group, step, redop, block, &buffers);
-    // Outside the timed region: the slowest rank's time per iteration and the total of wrong
-    // elements over every rank.
-    let mut slowest: Vec<u8> = micros.iter().flat_map(|t| t.to_le_bytes()).collect();
-    group.all_reduce_typed(&mut slowest, DType::F64, ReduceKind::Max)?;
-    let mut wrong_total = i64::try_from(wrong).unwrap_or(i64::MAX).to_le_bytes();
-    group.all_reduce_typed(&mut wrong_total, DType::I64, ReduceKind::Sum)?;
-    let micros = slowest
-        .chunks_exact(8)
-        .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-        .collect();
-    Ok(Reply::Ran {
-        wrong: u64::try_from(i64::from_le_bytes(wrong_total)).unwrap_or(0),
-        micros,
-        wire_bytes,
-    })
+    Ok(micros)
 }
 
 /// `work` (`count` elements of `size` bytes) cut into the gradient tensors of
