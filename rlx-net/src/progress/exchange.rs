@@ -114,26 +114,7 @@ impl<'a> Exchange<'a> {
             .send_with(to, FrameKind::Data, tag, parts, hook, None);
         let holding = receive.reading();
         if let Err(error) = sent {
-            let finished = if holding {
-                // Bytes of the receive may be landing in the caller's buffer: they move to a
-                // copy of the transport's own, which a later receive takes.
-                self.reader
-                    .withdraw_while_reading(from, io, &mut receive.own)
-            } else {
-                let own = receive.own.buf.as_deref();
-                match lock(&self.core.hub.state).withdraw(from, id, own) {
-                    Withdrawn::Finished(outcome) => Some(outcome),
-                    Withdrawn::Gone | Withdrawn::Moved { .. } => None,
-                }
-            };
-            if receive.holds {
-                self.core.hub.release_links(self.core, from);
-            }
-            // A receive that finished during the failed send gives its message back.
-            if let Some(outcome) = finished {
-                let own = receive.own.buf.as_deref();
-                lock(&self.core.hub.state).put_back(from, tag, outcome, own);
-            }
+            self.undo_receive(io, tag, &mut receive, holding);
             return Err(error);
         }
         if receive.holds && !holding {
@@ -151,6 +132,32 @@ impl<'a> Exchange<'a> {
         self.core
             .hub
             .complete(&self.receiver, st, from, id, buf, deadline, holding)
+    }
+
+    /// The exchange's send failed: withdraws its receive (`holding`: this thread still reads
+    /// the receive's links), gives the links back and puts back a message that finished
+    /// meanwhile, so that a later receive takes it.
+    fn undo_receive(&self, io: &PeerIo, tag: Tag, receive: &mut ExchangeRecv<'_>, holding: bool) {
+        let (from, id) = (receive.from, receive.own.id);
+        let finished = if holding {
+            // Bytes of the receive may be landing in the caller's buffer: they move to a
+            // copy of the transport's own, which a later receive takes.
+            self.reader
+                .withdraw_while_reading(from, io, &mut receive.own)
+        } else {
+            let own = receive.own.buf.as_deref();
+            match lock(&self.core.hub.state).withdraw(from, id, own) {
+                Withdrawn::Finished(outcome) => Some(outcome),
+                Withdrawn::Gone | Withdrawn::Moved { .. } => None,
+            }
+        };
+        if receive.holds {
+            self.core.hub.release_links(self.core, from);
+        }
+        if let Some(outcome) = finished {
+            let own = receive.own.buf.as_deref();
+            lock(&self.core.hub.state).put_back(from, tag, outcome, own);
+        }
     }
 }
 
