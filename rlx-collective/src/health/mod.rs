@@ -212,11 +212,9 @@ impl<'a> Watch<'a> {
             }
             self.notices(peer)?;
             self.answer_probes(peer)?;
-            let start = *start.get_or_insert_with(|| {
-                let now = Instant::now();
-                now.checked_sub(this_slice).unwrap_or(now)
-            });
-            let elapsed = start.elapsed();
+            let now = Instant::now();
+            let start = *start.get_or_insert_with(|| now.checked_sub(this_slice).unwrap_or(now));
+            let elapsed = now.saturating_duration_since(start);
             if elapsed >= total {
                 return Ok(None);
             }
