@@ -302,6 +302,17 @@ macro_rules! with_narrow {
     };
 }
 
+/// The dtype whose elements are `dtype`'s accumulators (f32 for the half floats and f32, f64
+/// for f64, i64 for the integers), so that accumulators can be reduced further as elements of
+/// their own: reducing those with the same reduction is exactly what accumulating does.
+pub(crate) fn wide_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F16 | DType::BF16 | DType::F32 => DType::F32,
+        DType::F64 => DType::F64,
+        _ => DType::I64,
+    }
+}
+
 /// Size in bytes of one accumulator element of `dtype`.
 pub(crate) fn wide_size(dtype: DType) -> Result<usize> {
     fn size<N: Narrow>() -> Result<usize> {
@@ -528,6 +539,9 @@ mod tests {
             finish(dtype, ReduceKind::Sum, 2, &wide, &mut narrow).unwrap();
             let identity = wide == own && narrow == own;
             assert_eq!(accumulates_in_kind(dtype), identity, "{dtype}");
+            let wide = wide_dtype(dtype);
+            assert_eq!(wide_size(dtype).unwrap(), wide.size(), "{dtype}");
+            assert!(accumulates_in_kind(wide), "{dtype}");
         }
     }
 

@@ -99,6 +99,7 @@ mod group;
 mod handle;
 mod health;
 mod init;
+mod islands;
 mod issue_order;
 mod kernels;
 mod layout;

@@ -16,6 +16,7 @@ use std::time::Duration;
 use crate::all_reduce::one_sided::region::OneSided;
 use crate::flight::FlightRecorder;
 use crate::health::{FailureScope, Health, NOTICE_SLICE, Watch, slice_for};
+use crate::islands::Islands;
 use crate::length_census::{self, CENSUS_WINDOW};
 use crate::ring_order::{RingOrder, RingSeat};
 use crate::select::{Algorithm, CollectiveOp, Settings};
@@ -78,6 +79,16 @@ pub(crate) struct OpCtx<'a> {
     one_sided: &'a OneSided,
     flight: &'a FlightRecorder,
     ring_order: &'a RingOrder,
+    /// The group's islands, when its link matrix shows some (see [`crate::islands`]).
+    islands: Option<&'a Islands>,
+}
+
+/// What the group holds about its cables, for the algorithms that follow them: the order of
+/// its rings and its islands.
+#[derive(Clone, Copy)]
+pub(crate) struct Cabling<'a> {
+    pub(crate) ring_order: &'a RingOrder,
+    pub(crate) islands: Option<&'a Islands>,
 }
 
 /// What [`OpCtx::new`] needs besides the group's transport, members, health and one-sided
@@ -112,14 +123,14 @@ impl OpId {
 
 impl<'a> OpCtx<'a> {
     /// The context of operation `id` of the group with `members`, `health`, `one_sided`
-    /// state and `ring_order`, on `transport`.
+    /// state and `cabling`, on `transport`.
     pub(crate) fn new(
         transport: &'a dyn Transport,
         members: &'a [u32],
         health: &'a Health,
         one_sided: &'a OneSided,
         flight: &'a FlightRecorder,
-        ring_order: &'a RingOrder,
+        cabling: Cabling<'a>,
         id: OpId,
     ) -> Self {
         OpCtx {
@@ -141,7 +152,39 @@ impl<'a> OpCtx<'a> {
             ),
             one_sided,
             flight,
+            ring_order: cabling.ring_order,
+            islands: cabling.islands,
+        }
+    }
+
+    /// The group's islands, when it has some.
+    pub(crate) fn islands(&self) -> Option<&'a Islands> {
+        self.islands
+    }
+
+    /// The world ranks of the group ranks `ranks`.
+    pub(crate) fn world_ranks(&self, ranks: &[u32]) -> Result<Vec<u32>> {
+        ranks.iter().map(|&r| self.world_rank(r)).collect()
+    }
+
+    /// This operation run by the world ranks `members` alone, this rank being `members[rank]`,
+    /// under its own `phase`, its rings in `ring_order` (over positions in `members`): one level
+    /// of a two-level plan, on which the flat algorithms run unchanged. Its waits still watch
+    /// the whole group, and a failure it tells goes to every member of the group.
+    pub(crate) fn within<'b>(
+        &'b self,
+        members: &'b [u32],
+        rank: u32,
+        phase: u16,
+        ring_order: &'b RingOrder,
+    ) -> OpCtx<'b> {
+        OpCtx {
+            members,
+            rank,
+            is_world: false,
             ring_order,
+            islands: None,
+            ..self.phase(phase)
         }
     }
 

@@ -120,6 +120,7 @@ impl CollectiveOp {
                 Algorithm::Ring,
                 Algorithm::RankOrderRing,
                 Algorithm::Direct,
+                Algorithm::TwoLevel,
                 Algorithm::RecursiveDoubling,
                 Algorithm::OneSidedRing,
             ],
@@ -174,6 +175,13 @@ pub enum Algorithm {
     /// the direct all-gather (broadcast). What `Auto` picks above the small sizes on a full mesh
     /// of cables, where it keeps every cable busy.
     Direct,
+    /// Two levels, for islands of cables joined by a slower network (see
+    /// [`ProcessGroup::supports_algorithm`](crate::ProcessGroup::supports_algorithm)): a ring
+    /// reduce-scatter inside each island, an all-reduce of each rank's block with the ranks of
+    /// the same index in the other islands, a ring all-gather inside each island. The slow
+    /// network carries 1/k of what a flat ring puts on it, for islands of k ranks. What `Auto`
+    /// picks above the small sizes on a group with islands.
+    TwoLevel,
     /// Recursive doubling with the non-power-of-two fold (all-reduce).
     RecursiveDoubling,
     /// Bruck's ⌈log2 n⌉-step all-gather.
@@ -203,6 +211,7 @@ impl Algorithm {
             Algorithm::Ring => "ring",
             Algorithm::RankOrderRing => "rank_order_ring",
             Algorithm::Direct => "direct",
+            Algorithm::TwoLevel => "two_level",
             Algorithm::RecursiveDoubling => "recursive_doubling",
             Algorithm::Bruck => "bruck",
             Algorithm::Pairwise => "pairwise",
@@ -233,6 +242,9 @@ pub(crate) struct Settings {
     /// Whether a cable joins every pair of members (from the link matrix): `Auto` then picks
     /// [`Algorithm::Direct`] above the small sizes.
     pub(crate) cabled_mesh: bool,
+    /// Whether the members form islands of cables (see [`crate::islands`]): `Auto` then picks
+    /// [`Algorithm::TwoLevel`] for all-reduces above the small sizes.
+    pub(crate) islands: bool,
 }
 
 impl Settings {
@@ -294,7 +306,7 @@ impl Settings {
         let small = SMALL_MESSAGE_BYTES >> 10;
         format!(
             "all_reduce: recursive doubling up to {small} KiB per rank, ring above (direct \
-             on a full mesh of cables); all_gather: Bruck up to {small} KiB gathered, ring \
+             on a full mesh of cables, two levels on islands of cables); all_gather: Bruck up to {small} KiB gathered, ring \
              above (direct on a mesh); rings in the order of the cables; broadcast: binomial \
              tree up to {small} KiB or on 2 ranks, pipelined chain above"
         )
@@ -307,6 +319,7 @@ impl Settings {
                 Algorithm::RecursiveDoubling
             }
             Algorithm::Auto if self.cabled_mesh => Algorithm::Direct,
+            Algorithm::Auto if self.islands => Algorithm::TwoLevel,
             Algorithm::Auto => Algorithm::Ring,
             forced => forced,
         };
@@ -410,6 +423,14 @@ mod tests {
         assert_eq!(mesh.broadcast(1 << 20, 2), Algorithm::BinomialTree);
         assert_eq!(s.reduce_scatter(1 << 20), Algorithm::Ring);
         assert_eq!(mesh.all_to_all(1024), Algorithm::Pairwise);
+        // On islands, two levels for the all-reduces above the small sizes.
+        let islands = Settings {
+            islands: true,
+            ..Settings::default()
+        };
+        assert_eq!(islands.all_reduce(8, 4), Algorithm::RecursiveDoubling);
+        assert_eq!(islands.all_reduce(1 << 20, 4), Algorithm::TwoLevel);
+        assert_eq!(islands.all_gather(1 << 20), Algorithm::Ring);
         assert_eq!(s.all_to_all(1 << 20), Algorithm::Pairwise);
     }
 

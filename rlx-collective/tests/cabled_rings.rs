@@ -271,3 +271,94 @@ fn a_rank_that_aborts_during_a_direct_all_reduce_is_named_or_the_result_is_exact
         );
     }
 }
+
+/// The link matrix of `m` islands of `k` ranks, each a full mesh of cables, all on one switch;
+/// the ranks are dealt to the islands in an order drawn from `seed`. Returns the matrix and
+/// the islands' ranks.
+fn islands_on_a_switch(m: u32, k: u32, seed: u64) -> (Topology, Vec<Vec<u32>>) {
+    let n = m * k;
+    let dealt = scrambled(n, seed);
+    let islands: Vec<Vec<u32>> = dealt.chunks(k as usize).map(<[u32]>::to_vec).collect();
+    let mut networks: Vec<Vec<Subnet>> = (0..n)
+        .map(|r| {
+            vec![Subnet {
+                addr: Ipv4Addr::new(192, 168, 7, r as u8 + 1).into(),
+                prefix: 24,
+            }]
+        })
+        .collect();
+    let mut cable = 0u32;
+    for island in &islands {
+        for (i, &a) in island.iter().enumerate() {
+            for &b in &island[i + 1..] {
+                let base = u32::from(Ipv4Addr::new(10, 217, 0, 0)) + 4 * cable;
+                cable += 1;
+                for (rank, host) in [(a, 1), (b, 2)] {
+                    networks[rank as usize].push(Subnet {
+                        addr: Ipv4Addr::from(base + host).into(),
+                        prefix: 30,
+                    });
+                }
+            }
+        }
+    }
+    (Topology::from_networks(&networks), islands)
+}
+
+#[test]
+fn islands_all_reduce_in_two_levels_and_stay_exact() {
+    for (m, k) in [(2u32, 2u32), (2, 3), (3, 2), (2, 4), (4, 2)] {
+        let n = m * k;
+        let (topology, islands) = islands_on_a_switch(m, k, u64::from(n * 7 + m));
+        let reports = common::on_each(world(n, &topology), move |group| {
+            assert!(group.supports_algorithm(CollectiveOp::AllReduce, Algorithm::TwoLevel));
+            let mut options = options(u64::from(n) + 200);
+            options.ops = vec![CollectiveOp::AllReduce];
+            let report = conformance::run(&group, &options)?;
+            // Past the small sizes, `Auto` picks the two levels; 1031 elements leave blocks
+            // of different lengths in each island.
+            let mut data: Vec<f32> = (0..(1 << 14) + 1031)
+                .map(|i| (i % 97) as f32 + group.rank() as f32)
+                .collect();
+            group.all_reduce(&mut data, rlx_collective::ReduceKind::Sum)?;
+            let entry = group.flight_record().pop().expect("the all-reduce's entry");
+            Ok::<_, rlx_collective::CollectiveError>((report, entry.algorithm, data))
+        });
+        let ranks_sum = (n * (n - 1) / 2) as f32;
+        for (rank, outcome) in reports.into_iter().enumerate() {
+            let (report, algorithm, data) =
+                outcome.unwrap_or_else(|e| panic!("islands {islands:?}, rank {rank}: {e}"));
+            assert!(report.passed(), "islands {islands:?}: {}", report.summary());
+            let two_level = report
+                .cases()
+                .iter()
+                .filter(|c| c.name.ends_with(Algorithm::TwoLevel.name()))
+                .count();
+            assert!(two_level > 0, "no case forced the two levels");
+            assert_eq!(
+                algorithm,
+                Some(Algorithm::TwoLevel.name()),
+                "islands {islands:?}"
+            );
+            for (i, &x) in data.iter().enumerate() {
+                let expected = (i % 97) as f32 * n as f32 + ranks_sum;
+                assert_eq!(x, expected, "islands {islands:?}, rank {rank}, element {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn two_levels_are_refused_on_a_group_without_islands() {
+    let topology = mesh(4);
+    let outcomes = common::on_each(world(4, &topology), |group| {
+        let supported = group.supports_algorithm(CollectiveOp::AllReduce, Algorithm::TwoLevel);
+        let forced = group.set_algorithm(CollectiveOp::AllReduce, Algorithm::TwoLevel);
+        (supported, forced)
+    });
+    for (supported, forced) in outcomes {
+        assert!(!supported);
+        let error = forced.expect_err("two levels on a mesh");
+        assert!(error.to_string().contains("needs islands"), "{error}");
+    }
+}

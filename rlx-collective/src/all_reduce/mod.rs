@@ -8,6 +8,7 @@ pub(crate) mod direct;
 pub(crate) mod one_sided;
 pub(crate) mod recursive_doubling;
 pub(crate) mod ring;
+pub(crate) mod two_level;
 
 use crate::op::OpCtx;
 use crate::select::Algorithm;
@@ -55,6 +56,13 @@ pub(crate) fn run(
             let segment_bytes = ctx.segment_bytes(data.len(), dtype.size());
             direct::run(ctx, data, dtype, reduce, segment_bytes)
         }
+        Algorithm::TwoLevel => match ctx.islands() {
+            Some(islands) => two_level::run(ctx, islands, data, dtype, reduce),
+            None => Err(CollectiveError::unsupported(
+                "all_reduce with two_level needs islands of cables, and this group has none \
+                 (see ProcessGroup::supports_algorithm)",
+            )),
+        },
         Algorithm::OneSidedRing => {
             let prepared = match prepared {
                 Some(prepared) => prepared,

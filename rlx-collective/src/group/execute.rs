@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::handle::{CollectiveHandle, ResultSlot};
 use crate::health::FailureScope;
-use crate::op::{OpCtx, OpId, OpKind};
+use crate::op::{Cabling, OpCtx, OpId, OpKind};
 use crate::{CollectiveError, Result};
 
 impl ProcessGroup {
@@ -158,7 +158,10 @@ impl ProcessGroup {
             &shared.health,
             &shared.one_sided,
             &shared.flight,
-            &shared.ring_order,
+            Cabling {
+                ring_order: &shared.ring_order,
+                islands: shared.islands.as_ref(),
+            },
             id,
         )
     }

@@ -33,6 +33,7 @@ use crate::all_reduce::one_sided::{self, region::OneSided};
 use crate::federated::StaleRounds;
 use crate::flight::{DEFAULT_FLIGHT_ENTRIES, FlightEntry, FlightRecorder};
 use crate::health::Health;
+use crate::islands::Islands;
 use crate::issue_order::IssueOrder;
 use crate::op::OpKind;
 use crate::ring_order::RingOrder;
@@ -56,6 +57,21 @@ fn plan_rings(topology: Option<&Topology>, size: u32, group_id: u16) -> RingOrde
         );
     }
     order
+}
+
+/// The islands of a new group of `size` members whose link matrix is `topology`, said at
+/// `info` when there are some (the group's large all-reduces then run in two levels).
+fn plan_islands(topology: Option<&Topology>, size: u32, group_id: u16) -> Option<Islands> {
+    let islands = Islands::find(topology, size)?;
+    tracing::info!(
+        group = group_id,
+        %islands,
+        "{} islands of cables joined by a slower network: {islands}; large all-reduces run \
+         in two levels (inside each island, then across on 1/{} of the data)",
+        islands.count(),
+        islands.island_size()
+    );
+    Some(islands)
 }
 
 /// The group id of the world group every family starts from.
@@ -142,6 +158,8 @@ struct Shared {
     flight: FlightRecorder,
     /// Where each member sits around the rings, from the link matrix.
     ring_order: RingOrder,
+    /// The members' islands of cables, from the link matrix, when it shows some.
+    islands: Option<Islands>,
 }
 
 impl Drop for Shared {
@@ -200,8 +218,10 @@ impl ProcessGroup {
         let world_rank = members.get(rank as usize).copied().unwrap_or(rank);
         let topology = transport.topology().and_then(|t| t.restricted(&members));
         let ring_order = plan_rings(topology.as_ref(), members.len() as u32, group_id);
+        let islands = plan_islands(topology.as_ref(), members.len() as u32, group_id);
         let settings = Settings {
             cabled_mesh: topology.as_ref().is_some_and(|t| t.is_cable_mesh()),
+            islands: islands.is_some(),
             ..Settings::default()
         };
         if settings.cabled_mesh {
@@ -230,6 +250,7 @@ impl ProcessGroup {
                 worker: Worker::default(),
                 flight: FlightRecorder::new(group_id, world_rank, DEFAULT_FLIGHT_ENTRIES),
                 ring_order,
+                islands,
             }),
         }
     }
@@ -387,6 +408,18 @@ impl ProcessGroup {
                 )));
             }
         }
+        if known && algorithm == Algorithm::TwoLevel && self.shared.islands.is_none() {
+            let matrix = if self.topology().is_some() {
+                "its link matrix (ProcessGroup::topology) shows none"
+            } else {
+                "its transport reports no link matrix"
+            };
+            return Err(CollectiveError::unsupported(format!(
+                "{op} with {algorithm} needs islands: at least two groups of members, all of \
+                 the same size (two or more), joined among themselves by cables and to each \
+                 other only by a switch or routes; this group has none: {matrix}"
+            )));
+        }
         self.shared.settings.lock().set(op, algorithm)?;
         tracing::info!(group = self.shared.group_id, %op, %algorithm, "algorithm forced");
         Ok(())
@@ -394,14 +427,20 @@ impl ProcessGroup {
 
     /// Whether `algorithm` can run `op` on this group: it is one of `op`'s algorithms and,
     /// for [`Algorithm::OneSidedRing`], this is the world group of a transport with a
-    /// symmetric heap ([`Transport::symmetric`]).
+    /// symmetric heap ([`Transport::symmetric`]); for [`Algorithm::TwoLevel`], the group's
+    /// link matrix shows islands.
     ///
     /// See the example of [`ProcessGroup::set_algorithm`].
     pub fn supports_algorithm(&self, op: CollectiveOp, algorithm: Algorithm) -> bool {
         op.algorithms().contains(&algorithm)
-            && (algorithm != Algorithm::OneSidedRing
-                || (self.shared.group_id == WORLD_GROUP_ID
-                    && self.shared.transport.symmetric().is_some()))
+            && match algorithm {
+                Algorithm::OneSidedRing => {
+                    self.shared.group_id == WORLD_GROUP_ID
+                        && self.shared.transport.symmetric().is_some()
+                }
+                Algorithm::TwoLevel => self.shared.islands.is_some(),
+                _ => true,
+            }
     }
 
     /// Collective: allocates the scratch region of the one-sided all-reduce

@@ -33,6 +33,14 @@ impl Data<'_> {
         }
     }
 
+    /// The whole output: the separate one, or the buffer itself in place.
+    pub(super) fn output(&mut self) -> &mut [u8] {
+        match self {
+            Data::InPlace(data) => data,
+            Data::Apart { out, .. } => out,
+        }
+    }
+
     /// The finished bytes of `range` (bytes of the input) of this rank's block `block`.
     pub(super) fn finished(&mut self, range: Range<usize>, block: Range<usize>) -> &mut [u8] {
         match self {

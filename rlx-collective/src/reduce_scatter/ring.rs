@@ -38,7 +38,54 @@ use crate::{CollectiveError, DType, ReduceKind, Result, kernels};
 pub(crate) fn run(
     ctx: &OpCtx<'_>,
     seat: RingSeat<'_>,
+    data: Data<'_>,
+    dtype: DType,
+    reduce: ReduceKind,
+    segment_bytes: usize,
+) -> Result<()> {
+    reduce_into(
+        ctx,
+        seat,
+        data,
+        Finish::Narrow,
+        dtype,
+        reduce,
+        segment_bytes,
+    )
+}
+
+/// [`run`] with this rank's block left in the wide accumulation type (see
+/// [`kernels::wide_size`]) in `out`, neither narrowed nor divided for a mean: the first level
+/// of a plan that goes on reducing it with other ranks (`all_reduce::two_level`), so that the
+/// elements are rounded, saturated and divided once, at the end, as the flat ring does.
+pub(crate) fn run_wide(
+    ctx: &OpCtx<'_>,
+    seat: RingSeat<'_>,
+    input: &[u8],
+    out: &mut [u8],
+    dtype: DType,
+    reduce: ReduceKind,
+    segment_bytes: usize,
+) -> Result<()> {
+    let data = Data::Apart { input, out };
+    reduce_into(ctx, seat, data, Finish::Wide, dtype, reduce, segment_bytes)
+}
+
+/// What the rank does with its block's finished accumulators.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Finish {
+    /// Narrows them into `dtype` elements (dividing for a mean).
+    Narrow,
+    /// Keeps them as they are.
+    Wide,
+}
+
+/// [`run`] or [`run_wide`], as `finish` says.
+fn reduce_into(
+    ctx: &OpCtx<'_>,
+    seat: RingSeat<'_>,
     mut data: Data<'_>,
+    finish: Finish,
     dtype: DType,
     reduce: ReduceKind,
     segment_bytes: usize,
@@ -59,6 +106,7 @@ pub(crate) fn run(
         esize,
         wsize: kernels::wide_size(dtype)?,
         already_wide: kernels::accumulates_in_kind(dtype),
+        finish,
         blocks,
         segments,
     };
@@ -70,17 +118,20 @@ pub(crate) fn run(
     } else {
         partial_len
     };
-    let mut scratch = Scratch::take(send_len, partial_len);
     let mine = layout::bytes(blocks.block(ctx.rank as usize), esize);
     if let Data::Apart { out, .. } = &data {
-        if out.len() != mine.len() {
+        let needed = match finish {
+            Finish::Narrow => mine.len(),
+            Finish::Wide => mine.len() / esize * ring.wsize,
+        };
+        if out.len() != needed {
             return Err(CollectiveError::invalid(format!(
-                "reduce_scatter output holds {} bytes; this rank's block needs {}",
+                "reduce_scatter output holds {} bytes; this rank's block needs {needed}",
                 out.len(),
-                mine.len()
             )));
         }
     }
+    let mut scratch = Scratch::take(send_len, partial_len);
     let result = ring.steps(&mut data, mine, &mut scratch);
     scratch.give_back();
     result
@@ -99,6 +150,7 @@ struct Ring<'c, 'a> {
     wsize: usize,
     /// See [`kernels::accumulates_in_kind`].
     already_wide: bool,
+    finish: Finish,
     blocks: Blocks,
     segments: usize,
 }
@@ -151,7 +203,7 @@ impl Ring<'_, '_> {
                 let partial = &mut recv_buf[..recv_len];
                 if last && self.already_wide && self.reduce != ReduceKind::Mean {
                     // The finished block is own ⊕ partial, and narrowing to the accumulation
-                    // type itself changes nothing.
+                    // type itself changes nothing (so a wide output is a narrow one).
                     match data {
                         Data::InPlace(data) => {
                             let own = &mut data[own_range];
@@ -168,7 +220,11 @@ impl Ring<'_, '_> {
                 }
                 let own = &data.input()[own_range.clone()];
                 kernels::accumulate_narrow(self.dtype, self.reduce, partial, own)?;
-                if last {
+                if last && self.finish == Finish::Wide {
+                    let offset = (own_range.start - mine.start) / esize * wsize;
+                    let out = data.output();
+                    out[offset..offset + partial.len()].copy_from_slice(partial);
+                } else if last {
                     let own = data.finished(own_range, mine.clone());
                     kernels::finish(self.dtype, self.reduce, n as u32, partial, own)?;
                 } else {
