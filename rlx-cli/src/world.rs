@@ -225,7 +225,7 @@ impl WorldConfig {
             );
         }
         if self.netns {
-            self.topology.plan(self.size)?;
+            netns::plan(&self.topology, self.size)?;
             if self.transport == TransportKind::Tb && self.topology.shape != netns::Shape::Star {
                 return Err(format!(
                     "--transport tb over --topology {}: the Thunderbolt transport meets and talks \
@@ -370,6 +370,12 @@ impl World {
             // rank can reach.
             if let Some(ifname) = topology.advertised_ifname() {
                 spec = spec.env("RLX_SOCKET_IFNAME", format!("={ifname}"));
+            }
+            // The emulated cabling is the one the job declares, unless the user declared
+            // another (to see what a cable left out of it looks like).
+            if std::env::var_os(rlx_collective::CABLING_VAR).is_none() {
+                let cabling = self.config.topology.to_string();
+                spec = spec.env(rlx_collective::CABLING_VAR, cabling);
             }
         }
         spec

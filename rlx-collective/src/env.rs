@@ -27,6 +27,10 @@ pub const PREFIXED_VAR: &str = "RLX_OUTPUT_PREFIXED";
 /// The directory the flight records are dumped to, when set.
 pub const FLIGHT_DIR_VAR: &str = "RLX_FLIGHT_RECORDER";
 
+/// The cabling the job declares (`mesh`, `chain:0-2-1-3`, `islands:2x2`...; see
+/// `rlx_transport::cabling`), which `init()` checks against the link matrix.
+pub const CABLING_VAR: &str = "RLX_CABLING";
+
 /// Every backend: `init()` reads these whichever it builds.
 const ALL: &[&str] = &["tcp", "tb", "mlx"];
 
@@ -49,6 +53,12 @@ pub const VARIABLES: &[Variable] = &[
         backends: ALL,
         default: "unset (0 = off)",
         meaning: "set by launchers that prefix each line with the rank themselves",
+    },
+    Variable {
+        name: CABLING_VAR,
+        backends: &["tcp", "tb"],
+        default: "unset; with `--netns --topology`, the emulated cabling",
+        meaning: "the cabling the job expects (star, mesh, ring, chain:0-2-1-3, islands:2x2); each declared cable the link matrix lacks is a warning naming its two ranks",
     },
     Variable {
         name: FLIGHT_DIR_VAR,

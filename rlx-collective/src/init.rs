@@ -3,6 +3,9 @@
 //! running job.
 
 pub use crate::env::BACKEND_VAR;
+use rlx_transport::cabling::Cabling;
+
+use crate::env::CABLING_VAR;
 use crate::{CollectiveError, ProcessGroup, Result};
 
 /// The backends compiled into this build, by their `RLX_BACKEND` names.
@@ -46,6 +49,7 @@ pub fn init() -> Result<ProcessGroup> {
     crate::install_debug_subscriber();
     let backend = chosen_backend();
     let group = init_backend(&backend)?;
+    check_declared_cabling(&group)?;
     tracing::info!(
         rank = group.rank(),
         world = group.world_size(),
@@ -55,6 +59,52 @@ pub fn init() -> Result<ProcessGroup> {
         crate::select::Settings::plan()
     );
     Ok(group)
+}
+
+/// Compares the link matrix with the cabling `RLX_CABLING` declares. A declared cable the
+/// matrix lacks is not an error: the plans follow the cables there are (a ring around the gap,
+/// the flat plans where a mesh or an island is incomplete), and rank 0 warns once per missing
+/// cable, naming its two ranks, so that the user knows which cable to check. An unreadable
+/// declaration is a configuration error.
+fn check_declared_cabling(group: &ProcessGroup) -> Result<()> {
+    let Some(text) = std::env::var(CABLING_VAR)
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+    else {
+        return Ok(());
+    };
+    let declared: Cabling = text
+        .trim()
+        .parse()
+        .map_err(|e| CollectiveError::config(format!("{CABLING_VAR}={text}: {e}")))?;
+    let Some(topology) = group.topology() else {
+        if group.rank() == 0 {
+            tracing::warn!(
+                "{CABLING_VAR}={declared}, but this transport reports no link matrix (a \
+                 hostfile rendezvous, or a backend that does not learn the links): the \
+                 cabling is not checked"
+            );
+        }
+        return Ok(());
+    };
+    let differences = declared.differences(&topology);
+    if group.rank() != 0 {
+        return Ok(());
+    }
+    for difference in &differences {
+        tracing::warn!("{difference}");
+    }
+    if differences.is_empty() {
+        tracing::info!("the link matrix shows every cable of the declared cabling {declared}");
+    } else {
+        tracing::warn!(
+            "{} cable(s) of the declared cabling {declared} missing: the collectives plan \
+             over the cables there are (ring order {:?})",
+            differences.len(),
+            group.ring_order()
+        );
+    }
+    Ok(())
 }
 
 /// The backend `RLX_BACKEND` names, or the default one.

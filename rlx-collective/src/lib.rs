@@ -120,7 +120,7 @@ mod wait_chain;
 pub use bucketer::Bucketer;
 pub use compression::{Compression, Compressor, FRAME_CHUNK, INT8_BLOCK};
 pub use debug_log::install_debug_subscriber;
-pub use env::{DEBUG_VAR, PREFIXED_VAR};
+pub use env::{CABLING_VAR, DEBUG_VAR, PREFIXED_VAR};
 pub use group::{DEFAULT_BUCKET_BYTES, ProcessGroup, WORLD_GROUP_ID};
 /// The half-precision element types, re-exported so that a program uses the very `half`
 /// version this crate was built with.
@@ -131,7 +131,7 @@ pub use rlx_transport::{
     Admission, CollectiveError, DEFAULT_OP_TIMEOUT, DType, Delegate, Element, FAILURE_WIRE_LEN,
     Failure, FatalCause, Inbox, MemJoiner, MemTransport, NativeCollectives, NativeOp, Reach,
     ReduceKind, Result, TAG_RESERVED_BASE, TRANSPORT_GROUP, Tag, Topology, Transport, Waiter,
-    negotiate_reduce_dtype, topology,
+    cabling, negotiate_reduce_dtype, topology,
 };
 pub use select::{Algorithm, CollectiveOp};
 

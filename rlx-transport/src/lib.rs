@@ -40,6 +40,7 @@
 pub mod admission;
 pub mod blocked_send;
 pub mod bootstrap;
+pub mod cabling;
 mod delegate;
 mod dtype;
 mod element;

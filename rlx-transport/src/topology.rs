@@ -81,6 +81,17 @@ impl Reach {
         }
     }
 
+    /// How a rank reaches another this way, as the end of a sentence ("they reach each other
+    /// through a switch").
+    pub const fn as_words(self) -> &'static str {
+        match self {
+            Reach::Itself => "as one rank",
+            Reach::Cable => "over a cable",
+            Reach::Switch => "through a switch",
+            Reach::Routed => "only through other machines' routes",
+        }
+    }
+
     /// The lower-case word used in logs and reports.
     pub const fn name(self) -> &'static str {
         match self {

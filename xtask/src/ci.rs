@@ -256,6 +256,7 @@ pub(crate) fn cluster_runs() -> Result<Vec<(String, ClusterArgs)>, String> {
                  between; the rings must follow the cables)",
             ),
             ("islands:2x2", "two islands of two joined by a switch"),
+            ("mesh+star", "a full mesh of cables with a switch alongside"),
         ] {
             runs.push((
                 format!("4 TCP ranks in network namespaces cabled as {what}"),
@@ -264,7 +265,7 @@ pub(crate) fn cluster_runs() -> Result<Vec<(String, ClusterArgs)>, String> {
                     world: WorldArgs {
                         links: LinkArgs {
                             netns: true,
-                            topology: topology.parse()?,
+                            topology: topology.parse().map_err(|e| format!("{e}"))?,
                             ..LinkArgs::default()
                         },
                         ..WorldArgs::tcp()

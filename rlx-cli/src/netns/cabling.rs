@@ -1,152 +1,18 @@
-//! The cablings `--netns` emulates (`--topology`): which ranks each cable joins, what each end
-//! is called and addressed, and the rate of each class of link.
+//! The cablings `--netns` emulates (`--topology`, a [`Cabling`] as the library describes it):
+//! what each cable's ends are called and addressed, and the rate of each class of link.
 //!
 //! Users cable Macs point to point: a full mesh when they have ports enough, a ring or a chain
 //! when they do not, Thunderbolt islands joined through Ethernet; Linux boxes sit on a switch.
 //! Each cable is a small network of its own (a /30, as MLX's JACCL documentation advises with
 //! the Thunderbolt Bridge turned off), so two ranks without a cable between them have no route
 //! to each other. A switch (the star) is one bridge with one link per rank on one /24. Nothing
-//! here touches the system: [`Cabling::plan`] only says what `Topology::create` builds.
+//! here touches the system: [`plan`] only says what `Topology::create` builds.
 
-use std::fmt;
 use std::net::Ipv4Addr;
-use std::str::FromStr;
+
+pub use rlx_transport::cabling::{Cabling, Shape};
 
 use super::burst_bytes;
-
-/// The shape of the cables.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shape {
-    /// Every rank on one switch (one bridge), as Linux boxes on Ethernet.
-    Star,
-    /// A cable between every pair of ranks.
-    Mesh,
-    /// Rank i cabled to rank i + 1, and the last to the first.
-    Ring,
-    /// Rank i cabled to rank i + 1.
-    Chain,
-    /// `count` meshes of `size` ranks each (ranks numbered island by island), every rank also on
-    /// one switch that joins the islands.
-    Islands {
-        /// How many islands.
-        count: u32,
-        /// Ranks per island.
-        size: u32,
-    },
-}
-
-/// What `--topology` describes: a shape of cables, and whether a switch joins every rank
-/// besides (the Ethernet a Mac has next to its Thunderbolt cables).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Cabling {
-    /// The cables.
-    pub shape: Shape,
-    /// Whether every rank is also on a switch (always, for a star and for islands).
-    pub with_star: bool,
-    /// For a chain or a ring, the ranks in the order the cables join them, when not 0, 1, 2,
-    /// ... (`chain:0-2-1-3`: ranks numbered against the cabling).
-    pub order: Option<Vec<u32>>,
-}
-
-impl Default for Cabling {
-    fn default() -> Self {
-        Cabling {
-            shape: Shape::Star,
-            with_star: true,
-            order: None,
-        }
-    }
-}
-
-impl FromStr for Cabling {
-    type Err = String;
-
-    /// `star`, `mesh`, `ring`, `chain` (each of the last three with `+star` for a switch
-    /// alongside; a ring or a chain optionally with the order of its ranks, `chain:0-2-1-3`),
-    /// or `islands:AxB` (A meshes of B ranks joined by a switch).
-    fn from_str(text: &str) -> Result<Self, String> {
-        let (shape, alongside) = match text.strip_suffix("+star") {
-            Some(shape) => (shape, true),
-            None => (text, false),
-        };
-        let (shape, order) = match shape.split_once(':') {
-            Some((kind @ ("chain" | "ring"), order)) => (kind, Some(rank_order(order, text)?)),
-            _ => (shape, None),
-        };
-        let shape = match shape {
-            "star" => Shape::Star,
-            "mesh" => Shape::Mesh,
-            "ring" => Shape::Ring,
-            "chain" => Shape::Chain,
-            _ => match shape.strip_prefix("islands:") {
-                Some(sizes) => islands(sizes, text)?,
-                None => {
-                    return Err(format!(
-                        "--topology {text:?}: expected star, mesh, ring, chain (each but star \
-                         optionally +star; ring and chain optionally :0-2-1-3, the ranks in \
-                         cable order) or islands:AxB"
-                    ));
-                }
-            },
-        };
-        if alongside && matches!(shape, Shape::Star | Shape::Islands { .. }) {
-            return Err(format!(
-                "--topology {text:?}: a star and islands are on a switch already; drop +star"
-            ));
-        }
-        let with_star = alongside || matches!(shape, Shape::Star | Shape::Islands { .. });
-        Ok(Cabling {
-            shape,
-            with_star,
-            order,
-        })
-    }
-}
-
-/// The `0-2-1-3` of `chain:0-2-1-3`.
-fn rank_order(order: &str, text: &str) -> Result<Vec<u32>, String> {
-    order
-        .split('-')
-        .map(|rank| rank.trim().parse::<u32>())
-        .collect::<Result<Vec<u32>, _>>()
-        .map_err(|_| {
-            format!("--topology {text:?}: the order is ranks joined by '-', as chain:0-2-1-3")
-        })
-}
-
-/// The `AxB` of `islands:AxB`.
-fn islands(sizes: &str, text: &str) -> Result<Shape, String> {
-    let parsed = sizes
-        .split_once('x')
-        .and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?)));
-    match parsed {
-        Some((count, size)) if count >= 1 && size >= 1 => Ok(Shape::Islands { count, size }),
-        _ => Err(format!(
-            "--topology {text:?}: islands are written islands:AxB, A islands of B ranks (e.g. islands:2x2)"
-        )),
-    }
-}
-
-impl fmt::Display for Cabling {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.shape {
-            Shape::Star => return f.write_str("star"),
-            Shape::Islands { count, size } => return write!(f, "islands:{count}x{size}"),
-            Shape::Mesh => f.write_str("mesh")?,
-            Shape::Ring => f.write_str("ring")?,
-            Shape::Chain => f.write_str("chain")?,
-        }
-        if let Some(order) = &self.order {
-            let ranks: Vec<String> = order.iter().map(u32::to_string).collect();
-            write!(f, ":{}", ranks.join("-"))?;
-        }
-        if self.with_star {
-            f.write_str("+star")
-        } else {
-            Ok(())
-        }
-    }
-}
 
 /// The two kinds of link, each with a rate of its own (`--rate tb=...,eth=...`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -215,91 +81,26 @@ pub(super) const STAR_IFNAME: &str = "thunderbolt0";
 /// The switch's link beside cables.
 pub(super) const ETHERNET_IFNAME: &str = "eth0";
 
-impl Cabling {
-    /// How many hops of a ring through every rank must cross other machines on this cabling,
-    /// whatever the numbering: one for a chain without a switch (the hop that closes it), none
-    /// for every other shape. A ring order that follows the cables crosses no more.
-    pub fn routed_ring_hops(&self) -> usize {
-        usize::from(self.shape == Shape::Chain && !self.with_star)
+/// The cables and switch of `cabling` for `world` ranks.
+pub fn plan(cabling: &Cabling, world: u32) -> Result<Plan, String> {
+    let pairs = cabling
+        .cables(world)
+        .map_err(|e| format!("--topology: {e}"))?;
+    if pairs.len() as u64 > u64::from(MAX_CABLES) {
+        return Err(format!(
+            "--topology {cabling} of {world} ranks needs {} cables; at most {MAX_CABLES} fit",
+            pairs.len()
+        ));
     }
-
-    /// The cables and switch of this cabling for `world` ranks.
-    pub fn plan(&self, world: u32) -> Result<Plan, String> {
-        let pairs: Vec<[u32; 2]> = match self.shape {
-            Shape::Star => Vec::new(),
-            Shape::Mesh => mesh(0..world),
-            Shape::Chain => along(&self.cable_order(world)?),
-            Shape::Ring => {
-                let order = self.cable_order(world)?;
-                let mut pairs = along(&order);
-                // A ring of two is one cable, as a chain of two; of one, none.
-                if let (true, Some(first), Some(last)) = (world > 2, order.first(), order.last()) {
-                    pairs.push([*first.min(last), *first.max(last)]);
-                }
-                pairs
-            }
-            Shape::Islands { count, size } => {
-                if count.checked_mul(size) != Some(world) {
-                    return Err(format!(
-                        "--topology {self} has {count} × {size} ranks, not the {world} asked for"
-                    ));
-                }
-                (0..count)
-                    .flat_map(|i| mesh(i * size..(i + 1) * size))
-                    .collect()
-            }
-        };
-        if pairs.len() as u64 > u64::from(MAX_CABLES) {
-            return Err(format!(
-                "--topology {self} of {world} ranks needs {} cables; at most {MAX_CABLES} fit",
-                pairs.len()
-            ));
-        }
-        let cables = (0..)
-            .zip(pairs)
-            .map(|(index, ends)| Cable { index, ends })
-            .collect();
-        let star = self.with_star.then_some(match self.shape {
-            Shape::Star => (STAR_IFNAME, LinkClass::Thunderbolt),
-            _ => (ETHERNET_IFNAME, LinkClass::Ethernet),
-        });
-        Ok(Plan { cables, star })
-    }
-}
-
-impl Cabling {
-    /// The ranks of a chain or a ring in cable order: the order given, which must name every
-    /// rank of `world` once, or 0, 1, 2, ...
-    fn cable_order(&self, world: u32) -> Result<Vec<u32>, String> {
-        let Some(order) = &self.order else {
-            return Ok((0..world).collect());
-        };
-        let mut sorted = order.clone();
-        sorted.sort_unstable();
-        if sorted != (0..world).collect::<Vec<u32>>() {
-            return Err(format!(
-                "--topology {self} must name each of the {world} ranks 0 to {} once",
-                world.saturating_sub(1)
-            ));
-        }
-        Ok(order.clone())
-    }
-}
-
-/// A cable between each two ranks next to each other in `order`, the lower rank first.
-fn along(order: &[u32]) -> Vec<[u32; 2]> {
-    order
-        .windows(2)
-        .map(|pair| [pair[0].min(pair[1]), pair[0].max(pair[1])])
-        .collect()
-}
-
-/// A cable between every pair of `ranks`.
-fn mesh(ranks: std::ops::Range<u32>) -> Vec<[u32; 2]> {
-    let end = ranks.end;
-    ranks
-        .flat_map(|a| (a + 1..end).map(move |b| [a, b]))
-        .collect()
+    let cables = (0..)
+        .zip(pairs)
+        .map(|(index, ends)| Cable { index, ends })
+        .collect();
+    let star = cabling.with_star.then_some(match cabling.shape {
+        Shape::Star => (STAR_IFNAME, LinkClass::Thunderbolt),
+        _ => (ETHERNET_IFNAME, LinkClass::Ethernet),
+    });
+    Ok(Plan { cables, star })
 }
 
 impl Plan {
@@ -392,8 +193,8 @@ impl Rates {
 mod tests {
     use super::*;
 
-    fn plan(topology: &str, world: u32) -> Plan {
-        topology.parse::<Cabling>().unwrap().plan(world).unwrap()
+    fn plan_of(topology: &str, world: u32) -> Plan {
+        plan(&topology.parse::<Cabling>().unwrap(), world).unwrap()
     }
 
     fn pairs(plan: &Plan) -> Vec<[u32; 2]> {
@@ -402,34 +203,37 @@ mod tests {
 
     #[test]
     fn each_shape_cables_the_pairs_it_names() {
-        assert_eq!(pairs(&plan("star", 4)), Vec::<[u32; 2]>::new());
-        assert_eq!(pairs(&plan("mesh", 3)), [[0, 1], [0, 2], [1, 2]]);
-        assert_eq!(pairs(&plan("ring", 4)), [[0, 1], [1, 2], [2, 3], [0, 3]]);
-        assert_eq!(pairs(&plan("ring", 2)), [[0, 1]]);
-        assert_eq!(pairs(&plan("chain", 4)), [[0, 1], [1, 2], [2, 3]]);
-        assert_eq!(pairs(&plan("islands:2x2", 4)), [[0, 1], [2, 3]]);
-        assert_eq!(pairs(&plan("chain:0-2-1-3", 4)), [[0, 2], [1, 2], [1, 3]]);
+        assert_eq!(pairs(&plan_of("star", 4)), Vec::<[u32; 2]>::new());
+        assert_eq!(pairs(&plan_of("mesh", 3)), [[0, 1], [0, 2], [1, 2]]);
+        assert_eq!(pairs(&plan_of("ring", 4)), [[0, 1], [1, 2], [2, 3], [0, 3]]);
+        assert_eq!(pairs(&plan_of("ring", 2)), [[0, 1]]);
+        assert_eq!(pairs(&plan_of("chain", 4)), [[0, 1], [1, 2], [2, 3]]);
+        assert_eq!(pairs(&plan_of("islands:2x2", 4)), [[0, 1], [2, 3]]);
         assert_eq!(
-            pairs(&plan("ring:3-1-0-2", 4)),
+            pairs(&plan_of("chain:0-2-1-3", 4)),
+            [[0, 2], [1, 2], [1, 3]]
+        );
+        assert_eq!(
+            pairs(&plan_of("ring:3-1-0-2", 4)),
             [[1, 3], [0, 1], [0, 2], [2, 3]]
         );
-        assert_eq!(plan("mesh", 8).cables.len(), 28);
-        assert_eq!(plan("mesh", 1).cables.len(), 0);
+        assert_eq!(plan_of("mesh", 8).cables.len(), 28);
+        assert_eq!(plan_of("mesh", 1).cables.len(), 0);
     }
 
     #[test]
     fn the_switch_is_there_when_asked_and_named_as_a_user_sees_it() {
         assert_eq!(
-            plan("star", 2).star,
+            plan_of("star", 2).star,
             Some(("thunderbolt0", LinkClass::Thunderbolt))
         );
-        assert_eq!(plan("mesh", 2).star, None);
+        assert_eq!(plan_of("mesh", 2).star, None);
         assert_eq!(
-            plan("mesh+star", 2).star,
+            plan_of("mesh+star", 2).star,
             Some(("eth0", LinkClass::Ethernet))
         );
         assert_eq!(
-            plan("islands:2x3", 6).star,
+            plan_of("islands:2x3", 6).star,
             Some(("eth0", LinkClass::Ethernet))
         );
         for text in [
@@ -446,7 +250,7 @@ mod tests {
 
     #[test]
     fn a_rank_sees_its_cables_by_peer_then_the_switch() {
-        let chain = plan("chain+star", 3);
+        let chain = plan_of("chain+star", 3);
         let middle = chain.links_of(1);
         let seen: Vec<_> = middle
             .iter()
@@ -480,7 +284,7 @@ mod tests {
             ("star+star", "drop +star"),
             ("islands:2x2+star", "drop +star"),
         ] {
-            let error = text.parse::<Cabling>().unwrap_err();
+            let error = text.parse::<Cabling>().unwrap_err().to_string();
             assert!(error.contains(says), "{text}: {error}");
         }
         let error = plan_error("islands:2x2", 5);
@@ -491,6 +295,7 @@ mod tests {
             "chain:0-x"
                 .parse::<Cabling>()
                 .unwrap_err()
+                .to_string()
                 .contains("joined by '-'")
         );
         let error = plan_error("mesh", 250);
@@ -498,11 +303,7 @@ mod tests {
     }
 
     fn plan_error(topology: &str, world: u32) -> String {
-        topology
-            .parse::<Cabling>()
-            .unwrap()
-            .plan(world)
-            .unwrap_err()
+        plan(&topology.parse::<Cabling>().unwrap(), world).unwrap_err()
     }
 
     #[test]

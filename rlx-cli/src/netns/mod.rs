@@ -22,7 +22,7 @@ mod routes;
 use std::net::Ipv4Addr;
 use std::process::Command;
 
-pub use self::cabling::{Cable, Cabling, LinkClass, Plan, RankLink, Rates, Shape};
+pub use self::cabling::{Cable, Cabling, LinkClass, Plan, RankLink, Rates, Shape, plan};
 pub use self::routes::{Route, identity_address};
 use crate::job;
 
@@ -48,7 +48,7 @@ impl Topology {
     /// Creates `world` rank namespaces cabled as `cabling` says, with the `tbf` rates of
     /// `rates` (`--rate`: `"20gbit"`, or `"tb=2gbit,eth=200mbit"`) on both ends of each link.
     pub fn create(world: u32, cabling: &Cabling, rates: Option<&str>) -> Result<Topology, String> {
-        let plan = cabling.plan(world)?;
+        let plan = cabling::plan(cabling, world)?;
         if plan.star.is_some() && world > MAX_SWITCH_RANKS {
             return Err(format!(
                 "--netns puts at most {MAX_SWITCH_RANKS} ranks on a switch (one /24), not {world}"

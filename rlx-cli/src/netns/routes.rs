@@ -124,12 +124,12 @@ impl Plan {
 
 #[cfg(test)]
 mod tests {
-    use super::super::cabling::Cabling;
+    use super::super::cabling::{Cabling, plan};
     use super::*;
 
     /// `rank`'s routes as (to, interface) pairs.
     fn routes(topology: &str, world: u32, rank: u32) -> Vec<(u32, String)> {
-        let plan = topology.parse::<Cabling>().unwrap().plan(world).unwrap();
+        let plan = plan(&topology.parse::<Cabling>().unwrap(), world).unwrap();
         plan.routes_of(rank, world)
             .into_iter()
             .map(|r| (r.to, r.ifname))
@@ -159,7 +159,7 @@ mod tests {
             routes("chain", 4, 0),
             named(&[(1, chain), (2, chain), (3, chain)])
         );
-        let plan = "chain".parse::<Cabling>().unwrap().plan(4).unwrap();
+        let plan = plan(&"chain".parse::<Cabling>().unwrap(), 4).unwrap();
         let to_three = &plan.routes_of(0, 4)[2];
         assert_eq!(to_three.via.to_string(), "10.214.0.2");
         // With a switch, the far ranks are one switch hop away.
@@ -182,7 +182,7 @@ mod tests {
     #[test]
     fn ranks_numbered_against_the_cabling_route_along_the_cables() {
         // The chain 0-2-1-3: rank 0's one cable goes to rank 2, which forwards to 1 and 3.
-        let plan = "chain:0-2-1-3".parse::<Cabling>().unwrap().plan(4).unwrap();
+        let plan = plan(&"chain:0-2-1-3".parse::<Cabling>().unwrap(), 4).unwrap();
         let routes = plan.routes_of(0, 4);
         assert!(routes.iter().all(|r| r.ifname == "thunderbolt0"));
         assert!(routes.iter().all(|r| r.via.to_string() == "10.214.0.2"));
@@ -207,7 +207,7 @@ mod tests {
             routes("islands:2x2", 4, 2),
             named(&[(0, "eth0"), (1, "eth0"), (3, "thunderbolt0")])
         );
-        let plan = "islands:2x2".parse::<Cabling>().unwrap().plan(4).unwrap();
+        let plan = plan(&"islands:2x2".parse::<Cabling>().unwrap(), 4).unwrap();
         assert_eq!(plan.routes_of(2, 4)[0].via.to_string(), "10.213.0.1");
     }
 

@@ -8,6 +8,7 @@
 //! `--kill`/`--stall` it instead checks that every survivor fails with the right error in time.
 
 mod args;
+mod cabling_checks;
 mod events;
 mod fault;
 mod monitor;

@@ -18,6 +18,7 @@ use clap::Args;
 use rlx_collective::conformance::{self, CaseResult, ConformanceOptions, DEFAULT_SIZES};
 use rlx_collective::{CollectiveOp, DType, ProcessGroup, ReduceKind};
 
+use super::cabling_checks;
 use super::events::{CaseRecord, ErrorRecord, Event};
 use super::fault::{Fault, FaultKind, Point, Trigger};
 use super::soak_rank;
@@ -195,8 +196,8 @@ pub(crate) fn run(args: &RankArgs) -> Result<(), String> {
     };
     if let Some(most) = args.routed_ring_hops {
         for group in &groups {
-            if let Err(message) = check_rings_follow_cables(group, most) {
-                report_failed("ring order", &message);
+            if let Err(message) = cabling_checks::check(group, most) {
+                report_failed("cabling", &message);
                 return Err(message);
             }
         }
@@ -288,32 +289,6 @@ fn soak(groups: Vec<ProcessGroup>, duration: Duration, seed: u64, reporter: &Arc
         .collect();
     let _keep: Vec<ProcessGroup> = threads.into_iter().filter_map(|t| t.join().ok()).collect();
     wait_for_the_launcher();
-}
-
-/// Reports a rendezvous that failed under this process's rank (`RLX_RANK`), so that the
-/// launcher judges the error rather than seeing a rank that ended without a word. The peer at
-/// fault is the rank the message names, if it names one ("rank N").
-/// Whether `group` knows its link matrix and rings along the cables: at most `most` hops of
-/// its ring order without a cable or a switch.
-fn check_rings_follow_cables(group: &ProcessGroup, most: usize) -> Result<(), String> {
-    let Some(topology) = group.topology() else {
-        return Err("the transport reports no link matrix on a cabling".to_owned());
-    };
-    let order = group.ring_order();
-    let routed: Vec<String> = topology
-        .routed_hops(order)
-        .into_iter()
-        .map(|(a, b)| format!("{a}->{b}"))
-        .collect();
-    if routed.len() > most {
-        return Err(format!(
-            "ring order {order:?} crosses other machines on {} hops ({}); along the cables \
-             it would cross at most {most}",
-            routed.len(),
-            routed.join(", ")
-        ));
-    }
-    Ok(())
 }
 
 /// Reports that this rank failed `during` (bootstrap, or a check before the cases) with
