@@ -3,6 +3,9 @@
 
 use std::fmt::Write as _;
 
+use rlx_transport::Reach;
+use rlx_transport::cabling::Cabling;
+
 use crate::tcp_counters::Segments;
 
 use super::RankReport;
@@ -79,6 +82,7 @@ fn advise_on_cabling(reports: &[RankReport], advice: &mut Vec<String>) {
     };
     // The matrix is symmetric in reach: either end's report says it.
     let link = |a: u32, b: u32| seen_by(a, b).or_else(|| seen_by(b, a));
+    advice.extend(missing_cables(reports));
     if let Some(order) = reports.first().map(|r| &r.ring_order) {
         for (i, &a) in order.iter().enumerate() {
             let b = order[(i + 1) % order.len()];
@@ -109,6 +113,54 @@ fn advise_on_cabling(reports: &[RankReport], advice: &mut Vec<String>) {
                  Thunderbolt 4 cable among Thunderbolt 5 ones, a port of another speed)"
             ));
         }
+    }
+}
+
+/// How rank `a` reaches rank `b` by the reports' link column (`cable thunderbolt1`, `switch
+/// eth0`, `routed`), from either end; `None` when neither knows the matrix.
+pub(super) fn reach_between(reports: &[RankReport], a: u32, b: u32) -> Option<Reach> {
+    let seen_by = |from: u32, to: u32| {
+        let report = reports.iter().find(|r| r.rank == from)?;
+        let link = report
+            .peers
+            .iter()
+            .find(|p| p.peer == to)?
+            .link
+            .as_deref()?;
+        Some(match link.split_whitespace().next() {
+            Some("cable") => Reach::Cable,
+            Some("switch") => Reach::Switch,
+            _ => Reach::Routed,
+        })
+    };
+    seen_by(a, b).or_else(|| seen_by(b, a))
+}
+
+/// The cabling the ranks declare (`RLX_CABLING`), when they declare a readable one.
+pub(super) fn declared_cabling(reports: &[RankReport]) -> Option<Cabling> {
+    reports.first()?.declared_cabling.as_deref()?.parse().ok()
+}
+
+/// Every cable of the declared cabling that the link matrix lacks, as advice naming its ranks.
+fn missing_cables(reports: &[RankReport]) -> Vec<String> {
+    let Some(declared) = declared_cabling(reports) else {
+        return Vec::new();
+    };
+    let world = reports.len() as u32;
+    let reach = |a, b| reach_between(reports, a, b).unwrap_or(Reach::Routed);
+    match declared.missing_cables(world, reach) {
+        Ok(missing) => missing
+            .into_iter()
+            .map(|([a, b], found)| {
+                format!(
+                    "the cabling is declared {declared} (RLX_CABLING), but no cable joins ranks \
+                     {a} and {b}: they reach each other {}; check that cable and its two \
+                     ports (until then the collectives plan over the cables there are)",
+                    found.as_words()
+                )
+            })
+            .collect(),
+        Err(error) => vec![format!("RLX_CABLING={declared}: {error}")],
     }
 }
 
@@ -174,6 +226,9 @@ pub fn render(reports: &[RankReport], advice: &[String]) -> String {
              another order cheaper)",
             order.join("-")
         );
+        if !first.plan.is_empty() {
+            let _ = writeln!(out, "plan at 64 MiB: {}", first.plan.join(", "));
+        }
     }
     if advice.is_empty() {
         out.push_str("\nno problems found\n");
@@ -203,6 +258,8 @@ mod tests {
             tb_ifname: None,
             peers: vec![peer],
             ring_order: Vec::new(),
+            declared_cabling: None,
+            plan: Vec::new(),
         }
     }
 
@@ -310,5 +367,83 @@ mod tests {
             "{rendered}"
         );
         assert!(rendered.contains("cable thunderbolt1"), "{rendered}");
+    }
+
+    /// The reports of a 4-rank mesh declared as one, whose cable between ranks 1 and 3 is
+    /// missing (they reach each other through the switch).
+    fn mesh_missing_a_cable() -> Vec<RankReport> {
+        (0..4u32)
+            .map(|me| {
+                let mut report = rank(me, peer("thunderbolt0"));
+                report.peers = (0..4u32)
+                    .filter(|&p| p != me)
+                    .map(|to| {
+                        let mut p = peer("thunderbolt0");
+                        p.peer = to;
+                        let switched = [me.min(to), me.max(to)] == [1, 3];
+                        p.link = Some(
+                            if switched {
+                                "switch eth0"
+                            } else {
+                                "cable thunderbolt0"
+                            }
+                            .to_owned(),
+                        );
+                        p.gbytes_per_s = Some(if switched { 0.1 } else { 1.0 });
+                        p
+                    })
+                    .collect();
+                report.declared_cabling = Some("mesh+star".to_owned());
+                report.ring_order = vec![0, 1, 2, 3];
+                report.plan = vec!["all_reduce direct".to_owned()];
+                report
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_cable_missing_from_a_declared_mesh_is_named_and_drawn() {
+        let reports = mesh_missing_a_cable();
+        let advice = advise(&reports);
+        let missing: Vec<&String> = advice
+            .iter()
+            .filter(|a| a.contains("no cable joins"))
+            .collect();
+        assert_eq!(missing.len(), 1, "{advice:?}");
+        assert!(
+            missing[0].contains("ranks 1 and 3: they reach each other through a switch"),
+            "{advice:?}"
+        );
+        let picture = super::super::svg(&reports);
+        assert!(picture.starts_with("<svg"), "{picture}");
+        assert_eq!(picture.matches("missing cable").count(), 2, "{picture}");
+        // Five cables drawn solid, each labelled with what was measured on it.
+        assert_eq!(
+            picture.matches("stroke-width=\"4\"").count(),
+            5,
+            "{picture}"
+        );
+        assert_eq!(picture.matches("1.00 GB/s · 10 µs").count(), 5, "{picture}");
+        assert!(
+            picture.contains("plan at 64 MiB: all_reduce direct"),
+            "{picture}"
+        );
+        assert!(picture.contains(">rank 3<"), "{picture}");
+        // Without a declaration nothing is missing, and the slow pair is drawn as measured.
+        let undeclared: Vec<RankReport> = reports
+            .into_iter()
+            .map(|mut r| {
+                r.declared_cabling = None;
+                r
+            })
+            .collect();
+        assert!(
+            advise(&undeclared)
+                .iter()
+                .all(|a| !a.contains("no cable joins"))
+        );
+        let picture = super::super::svg(&undeclared);
+        assert!(picture.contains("0.10 GB/s · 10 µs"), "{picture}");
+        assert!(!picture.contains("stroke=\"#d00\""), "{picture}");
     }
 }

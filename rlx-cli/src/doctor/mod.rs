@@ -12,12 +12,15 @@
 //! reorders packets.
 //!
 //! This file holds the flags, the reports and the launcher's side; `advice.rs` reads the
-//! reports (the advice and the printed matrix), `rank.rs` is what each rank measures.
+//! reports (the advice and the printed matrix), `picture.rs` draws them (`--svg`), `rank.rs`
+//! is what each rank measures.
 
 mod advice;
+mod picture;
 mod rank;
 
 pub use advice::{advise, render};
+pub use picture::svg;
 pub use rank::rank_main;
 
 use std::net::{IpAddr, SocketAddr};
@@ -45,6 +48,11 @@ pub struct DoctorArgs {
     /// Also write the ranks' reports and the advice as JSON to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Also draw the cluster as an SVG picture in this file: the ranks, their cables and
+    /// switches labelled with the measured GB/s and round trip, a declared cable that is
+    /// missing, and the plan of the collectives.
+    #[arg(long)]
+    pub svg: Option<std::path::PathBuf>,
     /// Sockets per peer the job will use (`RLX_SOCKETS_PER_PEER`); above one, the bandwidth is
     /// measured over one socket and over this many.
     #[arg(long, default_value_t = 1)]
@@ -123,6 +131,14 @@ pub struct RankReport {
     /// `ProcessGroup::ring_order`).
     #[serde(default)]
     pub ring_order: Vec<u32>,
+    /// The cabling the job declares (`RLX_CABLING`, which `--netns --topology` sets), as the
+    /// rank saw it.
+    #[serde(default)]
+    pub declared_cabling: Option<String>,
+    /// What the collectives would run a 64 MiB all-reduce and all-gather with on this
+    /// cabling (`ProcessGroup::planned_algorithm`), as `all_reduce direct`.
+    #[serde(default)]
+    pub plan: Vec<String>,
 }
 
 /// Runs the check with `binary __doctor-rank` as the ranks and prints the matrix and the
@@ -155,6 +171,11 @@ pub fn run(args: &DoctorArgs, binary: &Path) -> Result<(), String> {
         let json = serde_json::json!({ "ranks": reports, "advice": advice });
         std::fs::write(path, json.to_string())
             .map_err(|e| format!("could not write {}: {e}", path.display()))?;
+    }
+    if let Some(path) = &args.svg {
+        std::fs::write(path, picture::svg(&reports))
+            .map_err(|e| format!("could not write {}: {e}", path.display()))?;
+        println!("the picture of the cluster is in {}", path.display());
     }
     Ok(())
 }

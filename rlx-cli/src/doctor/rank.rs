@@ -1,6 +1,8 @@
 //! One doctor rank: joins the job as a rank does, measures every peer (route, MTU, round
 //! trips, bandwidth, segments sent again, clock skew) and prints its report for the launcher.
 
+use rlx_collective::CollectiveOp;
+
 use super::*;
 
 /// The rank side (`__doctor-rank`): joins the job, measures every pair, prints its report.
@@ -41,6 +43,7 @@ pub fn rank_main() -> Result<(), String> {
             t.barrier().map_err(|e| e.to_string())?;
         }
     }
+    let group = rlx_collective::ProcessGroup::new(std::sync::Arc::new(t));
     let report = RankReport {
         rank: me,
         host: hostname(),
@@ -55,14 +58,20 @@ pub fn rank_main() -> Result<(), String> {
         socket_ifname: std::env::var("RLX_SOCKET_IFNAME").ok(),
         tb_ifname: std::env::var("RLX_TB_IFNAME").ok(),
         peers,
-        ring_order: rlx_collective::ProcessGroup::new(std::sync::Arc::new(t))
-            .ring_order()
-            .to_vec(),
+        ring_order: group.ring_order().to_vec(),
+        declared_cabling: std::env::var(rlx_collective::CABLING_VAR).ok(),
+        plan: [CollectiveOp::AllReduce, CollectiveOp::AllGather]
+            .into_iter()
+            .map(|op| format!("{op} {}", group.planned_algorithm(op, PLANNED_BYTES)))
+            .collect(),
     };
     let json = serde_json::to_string(&report).map_err(|e| e.to_string())?;
     println!("{RESULT_PREFIX}{json}");
     Ok(())
 }
+
+/// The size the reported plan is for: large enough that the plans for the cabling apply.
+const PLANNED_BYTES: usize = 64 << 20;
 
 const PING_TAG: u32 = 11;
 const DATA_TAG: u32 = 12;

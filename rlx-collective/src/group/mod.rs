@@ -473,6 +473,34 @@ impl ProcessGroup {
         self.shared.settings.lock().get(op)
     }
 
+    /// The algorithm this group would run `op` with for `bytes` per rank (for an all-gather,
+    /// gathered in all): the forced one, or what [`Algorithm::Auto`] picks for that size on
+    /// this group's cabling; `Auto` itself for the operations that have a single algorithm.
+    /// A backend's native collective, where one runs instead, is not known here.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rlx_collective::{MemTransport, ProcessGroup, Transport};
+    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(4).into_iter()
+    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
+    /// use rlx_collective::{Algorithm, CollectiveOp};
+    /// let group = &world[0];
+    /// assert_eq!(group.planned_algorithm(CollectiveOp::AllReduce, 8), Algorithm::RecursiveDoubling);
+    /// assert_eq!(group.planned_algorithm(CollectiveOp::AllReduce, 64 << 20), Algorithm::Ring);
+    /// ```
+    pub fn planned_algorithm(&self, op: CollectiveOp, bytes: usize) -> Algorithm {
+        let settings = *self.shared.settings.lock();
+        let n = self.world_size();
+        match op {
+            CollectiveOp::AllReduce => settings.all_reduce(bytes, n),
+            CollectiveOp::AllGather => settings.all_gather(bytes),
+            CollectiveOp::ReduceScatter => settings.reduce_scatter(bytes),
+            CollectiveOp::Broadcast => settings.broadcast(bytes, n),
+            CollectiveOp::AllToAll => settings.all_to_all(bytes),
+            _ => Algorithm::Auto,
+        }
+    }
+
     /// Caps the pipeline segment size of the segmented algorithms at `bytes` (at least one
     /// element), so that small inputs take multi-segment paths in tests and benchmarks;
     /// `None` restores the measured sizes. Every member must set the same value.
