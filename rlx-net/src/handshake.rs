@@ -29,8 +29,9 @@ pub(crate) const MAGIC: [u8; 8] = *b"RLXTCP\r\n";
 /// instead of 88). 6: an offer names a shared-memory lane (56 bytes instead of 40), and link 0
 /// may switch to it (frame kind 7). 7: a failure notice is 25 bytes instead of 17 (a length
 /// mismatch says what its sender passed). 8: a store registration and the store's table list
-/// each rank's networks after its addresses.
-pub(crate) const PROTOCOL_VERSION: u32 = 8;
+/// each rank's networks after its addresses. 9: and then whether the rank listens on every
+/// address of its host.
+pub(crate) const PROTOCOL_VERSION: u32 = 9;
 /// Encoded size of a [`Hello`].
 pub(crate) const HELLO_LEN: usize = 72;
 /// Encoded size of a [`Reply`] without its reason text.
@@ -433,7 +434,7 @@ mod tests {
         assert_eq!(
             code(
                 Hello {
-                    version: 9,
+                    version: PROTOCOL_VERSION + 1,
                     ..hello(3)
                 },
                 expect()

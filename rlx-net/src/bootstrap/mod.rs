@@ -168,6 +168,7 @@ fn by_store(
         instance,
         addrs: vec![(advertise_ip, port).into()],
         networks: networks::of_this_host(),
+        listens_everywhere: bind_ip.is_unspecified(),
     };
     let regs = if cfg.rank == 0 {
         serve_store(cfg, &master, me, deadline)?
@@ -176,9 +177,9 @@ fn by_store(
     };
     let instances = regs.iter().map(|r| r.instance).collect();
     let topology = networks::topology(&regs);
-    let table = regs
+    let table = networks::connect_addresses(cfg.rank, &regs, &topology)
         .into_iter()
-        .map(|r| r.addrs.into_iter().map(|a| with_scope(a, scope)).collect())
+        .map(|addrs| addrs.into_iter().map(|a| with_scope(a, scope)).collect())
         .collect();
     Ok(Rendezvoused {
         listeners: vec![listener],

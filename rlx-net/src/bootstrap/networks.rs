@@ -4,10 +4,18 @@
 //! Only networks that can join two machines are registered: loopback is one host's own, and a
 //! link-local network (IPv6 `fe80::/10`, IPv4 `169.254/16`) exists on every interface that has
 //! one, so sharing it says nothing about a cable. An interface that is down is left out too.
+//!
+//! The matrix also says where to connect: a rank advertises one address (the local end of its
+//! route to the store), which on a cabled cluster is often not the way to a given peer. A
+//! peer that listens on every address is reached at its end of the cable between the two when
+//! there is one, and at its address in a network the two share when the advertised one is in
+//! none of this rank's networks (only routes lead there); see [`connect_addresses`].
 
-use rlx_transport::Topology;
+use std::net::{IpAddr, SocketAddr};
+
 use rlx_transport::interfaces::{self, InterfaceAddress};
 use rlx_transport::topology::Subnet;
+use rlx_transport::{Reach, Topology};
 
 use super::store::Registration;
 
@@ -49,6 +57,58 @@ pub(super) fn topology(table: &[Registration]) -> Topology {
     topology
 }
 
+/// The addresses rank `me` connects to for every rank of `table` (see the module docs).
+pub(super) fn connect_addresses(
+    me: u32,
+    table: &[Registration],
+    topology: &Topology,
+) -> Vec<Vec<SocketAddr>> {
+    let mine = table
+        .get(me as usize)
+        .map_or(&[][..], |r| r.networks.as_slice());
+    (0u32..)
+        .zip(table)
+        .map(|(peer, reg)| {
+            reg.addrs
+                .iter()
+                .map(|&advertised| {
+                    let direct = topology
+                        .link(me, peer)
+                        .filter(|_| reg.listens_everywhere && peer != me)
+                        .and_then(|link| {
+                            let routed = !in_my_networks(advertised.ip(), mine);
+                            let take = link.reach == Reach::Cable
+                                || (link.reach == Reach::Switch && routed);
+                            link.remote.filter(|_| take)
+                        });
+                    match direct {
+                        Some(ip) if ip != advertised.ip() => {
+                            tracing::debug!(
+                                peer,
+                                %advertised,
+                                direct = %ip,
+                                "connecting over the network the two ranks share"
+                            );
+                            SocketAddr::new(ip, advertised.port())
+                        }
+                        _ => advertised,
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Whether `ip` is an address of one of the networks `mine`.
+fn in_my_networks(ip: IpAddr, mine: &[Subnet]) -> bool {
+    mine.iter().any(|network| {
+        network.same_network(&Subnet {
+            addr: ip,
+            prefix: network.prefix,
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,5 +140,53 @@ mod tests {
             .map(|n| format!("{}/{}", n.addr, n.prefix))
             .collect();
         assert_eq!(kept, ["10.215.0.1/32", "10.216.0.1/30", "192.168.1.7/24"]);
+    }
+
+    fn registration(advertised: &str, networks: &[(&str, u8)], everywhere: bool) -> Registration {
+        Registration {
+            instance: 0,
+            addrs: vec![format!("{advertised}:7000").parse().unwrap()],
+            networks: networks
+                .iter()
+                .map(|&(addr, prefix)| Subnet {
+                    addr: addr.parse().unwrap(),
+                    prefix,
+                })
+                .collect(),
+            listens_everywhere: everywhere,
+        }
+    }
+
+    #[test]
+    fn peers_are_reached_over_the_cable_between_them() {
+        // Three Macs: a cable 0-1 (10.0.1.0/30) and 1-2 (10.0.2.0/30), all on Ethernet
+        // 192.168.1.0/24, each advertising its Ethernet address (the store's network); rank 2
+        // advertises an address of its own on no shared network, and rank 0 listens on one
+        // address only.
+        let table = vec![
+            registration(
+                "192.168.1.10",
+                &[("10.0.1.1", 30), ("192.168.1.10", 24)],
+                false,
+            ),
+            registration(
+                "192.168.1.11",
+                &[("10.0.1.2", 30), ("10.0.2.1", 30), ("192.168.1.11", 24)],
+                true,
+            ),
+            registration("10.9.9.9", &[("10.0.2.2", 30), ("192.168.1.12", 24)], true),
+        ];
+        let networks: Vec<Vec<Subnet>> = table.iter().map(|r| r.networks.clone()).collect();
+        let topology = Topology::from_networks(&networks);
+        let from_2 = connect_addresses(2, &table, &topology);
+        // Rank 1 over the cable; rank 0 where it listens, whatever the cabling.
+        assert_eq!(from_2[1], ["10.0.2.1:7000".parse().unwrap()]);
+        assert_eq!(from_2[0], ["192.168.1.10:7000".parse().unwrap()]);
+        // Rank 2's advertised address is routed, so rank 0 takes its switch address.
+        let from_0 = connect_addresses(0, &table, &topology);
+        assert_eq!(from_0[2], ["192.168.1.12:7000".parse().unwrap()]);
+        assert_eq!(from_0[1], ["10.0.1.2:7000".parse().unwrap()]);
+        // A rank's own entry is left alone.
+        assert_eq!(from_0[0], table[0].addrs);
     }
 }

@@ -359,6 +359,7 @@ pub fn store_client(data: &[u8]) -> Verdict {
         instance: 7,
         addrs: vec![SocketAddr::from(([10, 0, 0, 2], 7000))],
         networks: Vec::new(),
+        listens_everywhere: true,
     };
     let mut script = Script::new(input);
     let result = store_exchange(&mut script, &cfg, &me, &[5; 16], store_addr(), io_error);

@@ -153,6 +153,7 @@ fn store_server_seeds(c: &mut Corpus) {
             addr: [10, 0, 0, 1].into(),
             prefix: 30,
         }],
+        listens_everywhere: true,
     };
     let nonce = [9u8; 16];
     let registered = encode_registration(&boot_config(1, false), &registration, &nonce);
@@ -187,6 +188,7 @@ fn store_client_seeds(c: &mut Corpus) {
                 addr: [10, 0, 0, r as u8].into(),
                 prefix: 24,
             }],
+            listens_everywhere: r % 2 == 0,
         })
         .collect();
     let without_secret = |answer: Vec<u8>| [&[0u8][..], &answer].concat();

@@ -184,11 +184,12 @@ fn read_answer(
     let mut table = Vec::with_capacity(count as usize);
     for _ in 0..count {
         let instance = read_u64(s).map_err(io0)?;
-        let (addrs, networks) = read_reachability(s).map_err(io0)?;
+        let reach = read_reachability(s).map_err(io0)?;
         table.push(Registration {
             instance,
-            addrs,
-            networks,
+            addrs: reach.addrs,
+            networks: reach.networks,
+            listens_everywhere: reach.listens_everywhere,
         });
     }
     Ok(Some(table))

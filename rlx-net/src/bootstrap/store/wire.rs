@@ -46,6 +46,10 @@ pub(crate) struct Registration {
     /// The networks of the rank's interfaces, from which every rank works out the same link
     /// matrix (see [`rlx_transport::topology`]).
     pub(crate) networks: Vec<Subnet>,
+    /// Whether the rank listens on every address of the host (not only on `addrs`), so that a
+    /// peer may connect to it at its address in a network they share, over a cable rather
+    /// than along the route to the advertised address.
+    pub(crate) listens_everywhere: bool,
 }
 
 fn put_addr(out: &mut Vec<u8>, addr: &SocketAddr) {
@@ -125,6 +129,7 @@ fn put_reachability(out: &mut Vec<u8>, reg: &Registration) {
     for network in reg.networks.iter().take(MAX_NETWORKS) {
         put_network(out, network);
     }
+    out.push(u8::from(reg.listens_everywhere));
 }
 
 /// The networks after a registration's addresses.
@@ -254,10 +259,35 @@ pub(super) fn read_u64(r: &mut impl Read) -> io::Result<u64> {
     Ok(u64::from_le_bytes(b))
 }
 
-/// A registration's addresses and networks, as [`put_reachability`] wrote them.
-pub(super) fn read_reachability(r: &mut impl Read) -> io::Result<(Vec<SocketAddr>, Vec<Subnet>)> {
+/// What [`read_reachability`] reads of a registration.
+pub(super) struct Reachability {
+    pub(super) addrs: Vec<SocketAddr>,
+    pub(super) networks: Vec<Subnet>,
+    pub(super) listens_everywhere: bool,
+}
+
+/// A registration's addresses, networks and where it listens, as [`put_reachability`] wrote
+/// them.
+pub(super) fn read_reachability(r: &mut impl Read) -> io::Result<Reachability> {
     let addrs = read_addrs(r)?;
-    Ok((addrs, read_networks(r)?))
+    let networks = read_networks(r)?;
+    let mut everywhere = [0u8; 1];
+    r.read_exact(&mut everywhere)?;
+    let listens_everywhere = match everywhere[0] {
+        0 => false,
+        1 => true,
+        other => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("where a rank listens is 0 or 1, not {other}"),
+            ));
+        }
+    };
+    Ok(Reachability {
+        addrs,
+        networks,
+        listens_everywhere,
+    })
 }
 
 fn read_addrs(r: &mut impl Read) -> io::Result<Vec<SocketAddr>> {
@@ -292,13 +322,14 @@ pub(crate) fn read_registration(cfg: &BootConfig, r: &mut impl Read) -> Result<R
     let instance = read_u64(r).map_err(bad_registration)?;
     let mut nonce = [0u8; NONCE_LEN];
     r.read_exact(&mut nonce).map_err(bad_registration)?;
-    let (addrs, networks) = read_reachability(r).map_err(bad_registration)?;
+    let reach = read_reachability(r).map_err(bad_registration)?;
     Ok(Received {
         rank,
         reg: Registration {
             instance,
-            addrs,
-            networks,
+            addrs: reach.addrs,
+            networks: reach.networks,
+            listens_everywhere: reach.listens_everywhere,
         },
         bytes: std::mem::take(&mut r.bytes),
     })
@@ -445,8 +476,15 @@ mod tests {
                     prefix: 64,
                 },
             ],
+            listens_everywhere: true,
         };
         let bytes = encode_registration(&cfg, &reg, &[3; NONCE_LEN]);
+        // Where a rank listens is a yes or a no.
+        let mut maybe = bytes.clone();
+        if let Some(last) = maybe.last_mut() {
+            *last = 2;
+        }
+        assert!(read_registration(&cfg, &mut &maybe[..]).is_err());
         let received = read_registration(&cfg, &mut &bytes[..]).unwrap();
         assert_eq!((received.rank, received.reg), (2, reg.clone()));
         assert_eq!(
