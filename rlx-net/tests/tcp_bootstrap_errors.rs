@@ -81,6 +81,10 @@ fn read_registration(stream: &mut impl Read) {
         };
         stream.read_exact(&mut vec![0u8; rest]).expect("a network");
     }
+    // Last, whether the rank listens on every address.
+    stream
+        .read_exact(&mut [0u8; 1])
+        .expect("where the rank listens");
 }
 
 #[test]

@@ -66,6 +66,8 @@ fn registration(job: &str, world: u32, rank: u32, secret: bool, addr: ([u8; 4], 
     out.push(4);
     out.extend_from_slice(&addr.0);
     out.extend_from_slice(&addr.1.to_le_bytes());
+    // No networks, and a listener on the fake address only.
+    out.push(0);
     out.push(0);
     out
 }
@@ -343,12 +345,14 @@ fn malformed_registrations_are_refused_while_the_job_completes() {
         "RLX_JOB_SECRET is set on this rank",
     );
     let mut too_many = registration(JOB, 3, 2, false, fake);
-    // The address count, before one IPv4 address (7 bytes) and the count of networks.
-    let at = too_many.len() - 9;
+    // The address count, before one IPv4 address (7 bytes), the count of networks and where
+    // the rank listens.
+    let at = too_many.len() - 10;
     too_many[at] = 200;
     refused(&too_many, "200 addresses");
     let mut too_many = registration(JOB, 3, 2, false, fake);
-    *too_many.last_mut().expect("the count of networks") = 200;
+    let at = too_many.len() - 2;
+    too_many[at] = 200;
     refused(&too_many, "200 networks");
     // A registration cut short and closed: the store answers (the rank might still read) and
     // closes.

@@ -76,10 +76,15 @@ pub(super) fn connect_addresses(
                         .link(me, peer)
                         .filter(|_| reg.listens_everywhere && peer != me)
                         .and_then(|link| {
-                            let routed = !in_my_networks(advertised.ip(), mine);
                             let take = link.reach == Reach::Cable
-                                || (link.reach == Reach::Switch && routed);
-                            link.remote.filter(|_| take)
+                                || (link.reach == Reach::Switch && routed(advertised.ip(), mine));
+                            // A peer with this rank's own address is on this host; an address of
+                            // the other family may not be listened on (a socket bound to `::`
+                            // can be IPv6 only).
+                            let here = |remote: &IpAddr| mine.iter().any(|n| n.addr == *remote);
+                            let family = |remote: &IpAddr| remote.is_ipv4() == advertised.is_ipv4();
+                            link.remote
+                                .filter(|remote| take && !here(remote) && family(remote))
                         });
                     match direct {
                         Some(ip) if ip != advertised.ip() => {
@@ -97,6 +102,17 @@ pub(super) fn connect_addresses(
                 .collect()
         })
         .collect()
+}
+
+/// Whether only routes lead to `ip` from a rank with the networks `mine`: it is in none of
+/// them, and neither loopback (advertised by the ranks of one host only, which it reaches) nor
+/// link-local (on the link it is scoped to).
+fn routed(ip: IpAddr, mine: &[Subnet]) -> bool {
+    let on_link = match ip {
+        IpAddr::V4(v4) => v4.is_loopback() || v4.is_link_local(),
+        IpAddr::V6(v6) => v6.is_loopback() || v6.is_unicast_link_local(),
+    };
+    !on_link && !in_my_networks(ip, mine)
 }
 
 /// Whether `ip` is an address of one of the networks `mine`.
@@ -188,5 +204,14 @@ mod tests {
         assert_eq!(from_0[1], ["10.0.1.2:7000".parse().unwrap()]);
         // A rank's own entry is left alone.
         assert_eq!(from_0[0], table[0].addrs);
+        // Ranks of one host advertise loopback and have the host's addresses (so that two of
+        // them alone on a network look cabled): loopback stays.
+        let local = vec![
+            registration("127.0.0.1", &[("192.168.1.10", 24)], true),
+            registration("127.0.0.1", &[("192.168.1.10", 24)], true),
+        ];
+        let networks: Vec<Vec<Subnet>> = local.iter().map(|r| r.networks.clone()).collect();
+        let from_1 = connect_addresses(1, &local, &Topology::from_networks(&networks));
+        assert_eq!(from_1[0], local[0].addrs);
     }
 }

@@ -361,7 +361,7 @@ pub(crate) fn describe(e: &CollectiveError) -> String {
 }
 
 /// The wire protocol version the tests' hand-made hellos and registrations speak.
-pub(crate) const PROTOCOL_VERSION: u32 = 8;
+pub(crate) const PROTOCOL_VERSION: u32 = 9;
 
 /// The 16-byte digest of the job id `job`, as the handshake sends it.
 pub(crate) fn job_digest(job: &str) -> [u8; 16] {
