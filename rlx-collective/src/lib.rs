@@ -86,6 +86,7 @@ mod all_to_all;
 mod barrier;
 mod broadcast;
 mod bucketer;
+mod cable_path;
 mod compression;
 pub mod conformance;
 mod debug_log;

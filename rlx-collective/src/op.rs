@@ -14,6 +14,7 @@
 use std::time::Duration;
 
 use crate::all_reduce::one_sided::region::OneSided;
+use crate::cable_path::CablePath;
 use crate::flight::FlightRecorder;
 use crate::health::{FailureScope, Health, NOTICE_SLICE, Watch, slice_for};
 use crate::islands::Islands;
@@ -81,14 +82,17 @@ pub(crate) struct OpCtx<'a> {
     ring_order: &'a RingOrder,
     /// The group's islands, when its link matrix shows some (see [`crate::islands`]).
     islands: Option<&'a Islands>,
+    /// The group's line of cables, when it is cabled as one (see [`crate::cable_path`]).
+    chain: Option<&'a CablePath>,
 }
 
 /// What the group holds about its cables, for the algorithms that follow them: the order of
-/// its rings and its islands.
+/// its rings, its islands and its line of cables.
 #[derive(Clone, Copy)]
 pub(crate) struct Cabling<'a> {
     pub(crate) ring_order: &'a RingOrder,
     pub(crate) islands: Option<&'a Islands>,
+    pub(crate) chain: Option<&'a CablePath>,
 }
 
 /// What [`OpCtx::new`] needs besides the group's transport, members, health and one-sided
@@ -154,7 +158,13 @@ impl<'a> OpCtx<'a> {
             flight,
             ring_order: cabling.ring_order,
             islands: cabling.islands,
+            chain: cabling.chain,
         }
+    }
+
+    /// The group's line of cables, when it is cabled as one.
+    pub(crate) fn chain(&self) -> Option<&'a CablePath> {
+        self.chain
     }
 
     /// The group's islands, when it has some.
@@ -184,6 +194,7 @@ impl<'a> OpCtx<'a> {
             is_world: false,
             ring_order,
             islands: None,
+            chain: None,
             ..self.phase(phase)
         }
     }

@@ -121,6 +121,7 @@ impl CollectiveOp {
                 Algorithm::RankOrderRing,
                 Algorithm::Direct,
                 Algorithm::TwoLevel,
+                Algorithm::BidirectionalChain,
                 Algorithm::RecursiveDoubling,
                 Algorithm::OneSidedRing,
             ],
@@ -182,6 +183,13 @@ pub enum Algorithm {
     /// network carries 1/k of what a flat ring puts on it, for islands of k ranks. What `Auto`
     /// picks above the small sizes on a group with islands.
     TwoLevel,
+    /// Along a line of cables (members each cabled to the one before and the one after),
+    /// both ways at once: one half of the buffer reduced towards the line's end and sent back,
+    /// the other towards its start and back, so each direction of every cable carries the
+    /// buffer once, where a ring around the line (whose closing hop crosses every cable) puts
+    /// 2(n-1)/n of it there. What `Auto` picks for all-reduces above the small sizes on a
+    /// line of three or more.
+    BidirectionalChain,
     /// Recursive doubling with the non-power-of-two fold (all-reduce).
     RecursiveDoubling,
     /// Bruck's ⌈log2 n⌉-step all-gather.
@@ -212,6 +220,7 @@ impl Algorithm {
             Algorithm::RankOrderRing => "rank_order_ring",
             Algorithm::Direct => "direct",
             Algorithm::TwoLevel => "two_level",
+            Algorithm::BidirectionalChain => "bidirectional_chain",
             Algorithm::RecursiveDoubling => "recursive_doubling",
             Algorithm::Bruck => "bruck",
             Algorithm::Pairwise => "pairwise",
@@ -245,6 +254,9 @@ pub(crate) struct Settings {
     /// Whether the members form islands of cables (see [`crate::islands`]): `Auto` then picks
     /// [`Algorithm::TwoLevel`] for all-reduces above the small sizes.
     pub(crate) islands: bool,
+    /// Whether the members are cabled in a line (see [`crate::cable_path`]): `Auto` then picks
+    /// [`Algorithm::BidirectionalChain`] for all-reduces above the small sizes.
+    pub(crate) cabled_chain: bool,
 }
 
 impl Settings {
@@ -306,7 +318,8 @@ impl Settings {
         let small = SMALL_MESSAGE_BYTES >> 10;
         format!(
             "all_reduce: recursive doubling up to {small} KiB per rank, ring above (direct \
-             on a full mesh of cables, two levels on islands of cables); all_gather: Bruck up to {small} KiB gathered, ring \
+             on a full mesh of cables, two levels on islands of cables, both ways along a line \
+             of cables); all_gather: Bruck up to {small} KiB gathered, ring \
              above (direct on a mesh); rings in the order of the cables; broadcast: binomial \
              tree up to {small} KiB or on 2 ranks, pipelined chain above"
         )
@@ -320,6 +333,7 @@ impl Settings {
             }
             Algorithm::Auto if self.cabled_mesh => Algorithm::Direct,
             Algorithm::Auto if self.islands => Algorithm::TwoLevel,
+            Algorithm::Auto if self.cabled_chain => Algorithm::BidirectionalChain,
             Algorithm::Auto => Algorithm::Ring,
             forced => forced,
         };
@@ -431,6 +445,12 @@ mod tests {
         assert_eq!(islands.all_reduce(8, 4), Algorithm::RecursiveDoubling);
         assert_eq!(islands.all_reduce(1 << 20, 4), Algorithm::TwoLevel);
         assert_eq!(islands.all_gather(1 << 20), Algorithm::Ring);
+        let line = Settings {
+            cabled_chain: true,
+            ..Settings::default()
+        };
+        assert_eq!(line.all_reduce(1 << 20, 4), Algorithm::BidirectionalChain);
+        assert_eq!(line.all_reduce(8, 4), Algorithm::RecursiveDoubling);
         assert_eq!(s.all_to_all(1 << 20), Algorithm::Pairwise);
     }
 

@@ -111,13 +111,21 @@ fn chains_numbered_against_their_cables_ring_along_them_and_stay_exact() {
         let reports = common::on_each(world(n, &topology), move |group| {
             let routed = routed_hops(&group);
             let order = group.ring_order().to_vec();
+            let planned = group.planned_algorithm(CollectiveOp::AllReduce, 1 << 20);
             (
                 routed,
                 order,
+                planned,
                 conformance::run(&group, &options(u64::from(n))),
             )
         });
-        for (rank, (routed, order, report)) in reports.into_iter().enumerate() {
+        for (rank, (routed, order, planned, report)) in reports.into_iter().enumerate() {
+            let line = if n >= 3 {
+                Algorithm::BidirectionalChain
+            } else {
+                Algorithm::Ring
+            };
+            assert_eq!(planned, line, "{n} ranks cabled {chain:?}");
             // A chain's ring crosses the other machines once, on the hop that closes it.
             assert!(routed <= 1, "{n} ranks cabled {chain:?}: ring {order:?}");
             let report = report.unwrap_or_else(|e| panic!("{n} ranks, rank {rank}: {e}"));
@@ -126,12 +134,16 @@ fn chains_numbered_against_their_cables_ring_along_them_and_stay_exact() {
                 "{n} ranks cabled {chain:?}: {}",
                 report.summary()
             );
-            let rank_order_ring = report
-                .cases()
-                .iter()
-                .filter(|c| c.name.ends_with(Algorithm::RankOrderRing.name()))
-                .count();
-            assert!(rank_order_ring > 0, "no case forced the rank-order ring");
+            for forced in [Algorithm::RankOrderRing, Algorithm::BidirectionalChain] {
+                let cases = report
+                    .cases()
+                    .iter()
+                    .filter(|c| c.name.ends_with(forced.name()))
+                    .count();
+                // Two ranks have one cable whatever the plan: no line to run along.
+                let expected = forced != Algorithm::BidirectionalChain || n >= 3;
+                assert_eq!(cases > 0, expected, "{n} ranks: cases forcing {forced}");
+            }
         }
     }
 }
@@ -360,5 +372,41 @@ fn two_levels_are_refused_on_a_group_without_islands() {
         assert!(!supported);
         let error = forced.expect_err("two levels on a mesh");
         assert!(error.to_string().contains("needs islands"), "{error}");
+    }
+}
+
+#[test]
+fn a_rank_that_aborts_during_a_chain_all_reduce_is_named_by_every_other() {
+    // A line 2-0-3-1: rank 3 sits between 0 and 1, so both halves' streams cross it.
+    let topology = cabled(4, &[(2, 0), (0, 3), (3, 1)]);
+    let outcomes = common::on_each(world(4, &topology), |group| {
+        let mut data = vec![1.0f32; 1 << 20];
+        if group.rank() == 3 {
+            let aborter = {
+                let group = group.clone();
+                std::thread::spawn(move || {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    group.abort();
+                })
+            };
+            let _ = group.all_reduce(&mut data, rlx_collective::ReduceKind::Sum);
+            aborter.join().expect("the aborting thread");
+            return None;
+        }
+        Some(
+            group
+                .all_reduce(&mut data, rlx_collective::ReduceKind::Sum)
+                .map(|()| data.iter().all(|&x| x == 4.0)),
+        )
+    });
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let Some(outcome) = outcome else { continue };
+        match outcome {
+            Ok(exact) => assert!(exact, "rank {rank} finished with a wrong sum"),
+            Err(error) => assert!(
+                error.to_string().contains("rank 3"),
+                "rank {rank} blamed another: {error}"
+            ),
+        }
     }
 }

@@ -3,6 +3,7 @@
 //! [`run`] validates, takes the native path when the backend offers one for the world group,
 //! and otherwise runs the algorithm the selector in [`crate::select`] picks.
 
+pub(crate) mod bidirectional_chain;
 pub(crate) mod compressed;
 pub(crate) mod direct;
 pub(crate) mod one_sided;
@@ -56,6 +57,16 @@ pub(crate) fn run(
             let segment_bytes = ctx.segment_bytes(data.len(), dtype.size());
             direct::run(ctx, data, dtype, reduce, segment_bytes)
         }
+        Algorithm::BidirectionalChain => match ctx.chain() {
+            Some(path) => {
+                let segment_bytes = ctx.segment_bytes(data.len(), dtype.size());
+                bidirectional_chain::run(ctx, path, data, dtype, reduce, segment_bytes)
+            }
+            None => Err(CollectiveError::unsupported(
+                "all_reduce with bidirectional_chain needs a group cabled in a line, and this \
+                 group is not (see ProcessGroup::supports_algorithm)",
+            )),
+        },
         Algorithm::TwoLevel => match ctx.islands() {
             Some(islands) => two_level::run(ctx, islands, data, dtype, reduce),
             None => Err(CollectiveError::unsupported(

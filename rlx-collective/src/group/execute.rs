@@ -161,6 +161,7 @@ impl ProcessGroup {
             Cabling {
                 ring_order: &shared.ring_order,
                 islands: shared.islands.as_ref(),
+                chain: shared.chain.as_ref(),
             },
             id,
         )

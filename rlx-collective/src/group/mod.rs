@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use parking_lot::Mutex;
 
 use crate::all_reduce::one_sided::{self, region::OneSided};
+use crate::cable_path::CablePath;
 use crate::federated::StaleRounds;
 use crate::flight::{DEFAULT_FLIGHT_ENTRIES, FlightEntry, FlightRecorder};
 use crate::health::Health;
@@ -72,6 +73,22 @@ fn plan_islands(topology: Option<&Topology>, size: u32, group_id: u16) -> Option
         islands.island_size()
     );
     Some(islands)
+}
+
+/// The cabling an algorithm that follows the cables needs, in words, for the error of a group
+/// that lacks it.
+fn cabling_needed(algorithm: Algorithm) -> Option<&'static str> {
+    match algorithm {
+        Algorithm::TwoLevel => Some(
+            "islands: at least two groups of members, all of the same size (two or more), \
+             joined among themselves by cables and to each other only by a switch or routes",
+        ),
+        Algorithm::BidirectionalChain => Some(
+            "members cabled in a line: three or more, each cabled to the one before and the \
+             one after it and to no other",
+        ),
+        _ => None,
+    }
 }
 
 /// The group id of the world group every family starts from.
@@ -160,6 +177,8 @@ struct Shared {
     ring_order: RingOrder,
     /// The members' islands of cables, from the link matrix, when it shows some.
     islands: Option<Islands>,
+    /// The members' line of cables, when they are cabled as one.
+    chain: Option<CablePath>,
 }
 
 impl Drop for Shared {
@@ -219,9 +238,18 @@ impl ProcessGroup {
         let topology = transport.topology().and_then(|t| t.restricted(&members));
         let ring_order = plan_rings(topology.as_ref(), members.len() as u32, group_id);
         let islands = plan_islands(topology.as_ref(), members.len() as u32, group_id);
+        let chain = CablePath::find(topology.as_ref(), members.len() as u32);
+        if let Some(path) = &chain {
+            tracing::info!(
+                group = group_id,
+                line = ?path.ranks(),
+                "the members are cabled in a line: large all-reduces run along it both ways"
+            );
+        }
         let settings = Settings {
             cabled_mesh: topology.as_ref().is_some_and(|t| t.is_cable_mesh()),
             islands: islands.is_some(),
+            cabled_chain: chain.is_some(),
             ..Settings::default()
         };
         if settings.cabled_mesh {
@@ -251,6 +279,7 @@ impl ProcessGroup {
                 flight: FlightRecorder::new(group_id, world_rank, DEFAULT_FLIGHT_ENTRIES),
                 ring_order,
                 islands,
+                chain,
             }),
         }
     }
@@ -408,17 +437,17 @@ impl ProcessGroup {
                 )));
             }
         }
-        if known && algorithm == Algorithm::TwoLevel && self.shared.islands.is_none() {
-            let matrix = if self.topology().is_some() {
-                "its link matrix (ProcessGroup::topology) shows none"
-            } else {
-                "its transport reports no link matrix"
-            };
-            return Err(CollectiveError::unsupported(format!(
-                "{op} with {algorithm} needs islands: at least two groups of members, all of \
-                 the same size (two or more), joined among themselves by cables and to each \
-                 other only by a switch or routes; this group has none: {matrix}"
-            )));
+        if known && !self.supports_algorithm(op, algorithm) {
+            if let Some(needs) = cabling_needed(algorithm) {
+                let matrix = if self.topology().is_some() {
+                    "its link matrix (ProcessGroup::topology) shows none"
+                } else {
+                    "its transport reports no link matrix"
+                };
+                return Err(CollectiveError::unsupported(format!(
+                    "{op} with {algorithm} needs {needs}; this group has none: {matrix}"
+                )));
+            }
         }
         self.shared.settings.lock().set(op, algorithm)?;
         tracing::info!(group = self.shared.group_id, %op, %algorithm, "algorithm forced");
@@ -428,7 +457,7 @@ impl ProcessGroup {
     /// Whether `algorithm` can run `op` on this group: it is one of `op`'s algorithms and,
     /// for [`Algorithm::OneSidedRing`], this is the world group of a transport with a
     /// symmetric heap ([`Transport::symmetric`]); for [`Algorithm::TwoLevel`], the group's
-    /// link matrix shows islands.
+    /// link matrix shows islands; for [`Algorithm::BidirectionalChain`], a line of cables.
     ///
     /// See the example of [`ProcessGroup::set_algorithm`].
     pub fn supports_algorithm(&self, op: CollectiveOp, algorithm: Algorithm) -> bool {
@@ -439,6 +468,7 @@ impl ProcessGroup {
                         && self.shared.transport.symmetric().is_some()
                 }
                 Algorithm::TwoLevel => self.shared.islands.is_some(),
+                Algorithm::BidirectionalChain => self.shared.chain.is_some(),
                 _ => true,
             }
     }

@@ -1,8 +1,8 @@
 //! What a test-cluster rank checks of its group on an emulated cabling before the cases: that
 //! the transport learned the cabling (every cable the launcher laid, as `RLX_CABLING`
 //! declares it, is in the link matrix), that the rings follow the cables, and that `Auto`
-//! picks the plan made for the shape (direct on a mesh, two levels on islands, a ring
-//! elsewhere) for a large all-reduce.
+//! picks the plan made for the shape (direct on a mesh, two levels on islands, both ways
+//! along a chain, a ring elsewhere) for a large all-reduce.
 
 use rlx_collective::cabling::{Cabling, Shape};
 use rlx_collective::{CABLING_VAR, ProcessGroup, ReduceKind};
@@ -62,6 +62,7 @@ fn planned_for(group: &ProcessGroup, declared: &Cabling) -> Result<(), String> {
     let expected: &[&str] = match declared.shape {
         Shape::Mesh if n >= 3 => &["direct"],
         Shape::Islands { count, size } if count >= 2 && size >= 2 => &["two_level"],
+        Shape::Chain if n >= 3 => &["bidirectional_chain"],
         _ => &["ring", "ring in cable order"],
     };
     let mut data = vec![1.0f32; PLANNED_ELEMENTS];
