@@ -89,7 +89,7 @@ pub(crate) struct OpCtx<'a> {
 /// What the group holds about its cables, for the algorithms that follow them: the order of
 /// its rings, its islands and its line of cables.
 #[derive(Clone, Copy)]
-pub(crate) struct Cabling<'a> {
+pub(crate) struct CableView<'a> {
     pub(crate) ring_order: &'a RingOrder,
     pub(crate) islands: Option<&'a Islands>,
     pub(crate) chain: Option<&'a CablePath>,
@@ -134,7 +134,7 @@ impl<'a> OpCtx<'a> {
         health: &'a Health,
         one_sided: &'a OneSided,
         flight: &'a FlightRecorder,
-        cabling: Cabling<'a>,
+        cabling: CableView<'a>,
         id: OpId,
     ) -> Self {
         OpCtx {

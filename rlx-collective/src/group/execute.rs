@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::handle::{CollectiveHandle, ResultSlot};
 use crate::health::FailureScope;
-use crate::op::{Cabling, OpCtx, OpId, OpKind};
+use crate::op::{OpCtx, OpId, OpKind};
 use crate::{CollectiveError, Result};
 
 impl ProcessGroup {
@@ -158,11 +158,7 @@ impl ProcessGroup {
             &shared.health,
             &shared.one_sided,
             &shared.flight,
-            Cabling {
-                ring_order: &shared.ring_order,
-                islands: shared.islands.as_ref(),
-                chain: shared.chain.as_ref(),
-            },
+            shared.cables.view(),
             id,
         )
     }

@@ -13,6 +13,8 @@
 //! `membership.rs` shrinks a group to its survivors, and `worker.rs` runs the non-blocking
 //! ones.
 
+mod algorithms;
+mod cabling;
 mod collectives;
 mod compressed;
 mod execute;
@@ -30,66 +32,16 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use parking_lot::Mutex;
 
 use crate::all_reduce::one_sided::{self, region::OneSided};
-use crate::cable_path::CablePath;
 use crate::federated::StaleRounds;
 use crate::flight::{DEFAULT_FLIGHT_ENTRIES, FlightEntry, FlightRecorder};
 use crate::health::Health;
-use crate::islands::Islands;
 use crate::issue_order::IssueOrder;
 use crate::op::OpKind;
-use crate::ring_order::RingOrder;
-use crate::select::{Algorithm, CollectiveOp, Settings};
+use crate::select::Settings;
 use crate::split::{self, GroupIds, Record};
 use crate::{CollectiveError, DType, Result, Topology, Transport};
+use cabling::CablePlan;
 use worker::Worker;
-
-/// The ring order of a new group of `size` members whose link matrix is `topology`, said at
-/// `info` when it is not rank order (the group's rings then follow the cables).
-fn plan_rings(topology: Option<&Topology>, size: u32, group_id: u16) -> RingOrder {
-    let order = RingOrder::following(topology, size);
-    if let Some(topology) = topology.filter(|_| !order.is_rank_order()) {
-        let routed = order.routed_hops(topology);
-        tracing::info!(
-            group = group_id,
-            ring = %order,
-            rank_order_routed_hops = RingOrder::ranks(size).routed_hops(topology).len(),
-            routed_hops = routed.len(),
-            "rings follow the cables: ring order {order}"
-        );
-    }
-    order
-}
-
-/// The islands of a new group of `size` members whose link matrix is `topology`, said at
-/// `info` when there are some (the group's large all-reduces then run in two levels).
-fn plan_islands(topology: Option<&Topology>, size: u32, group_id: u16) -> Option<Islands> {
-    let islands = Islands::find(topology, size)?;
-    tracing::info!(
-        group = group_id,
-        %islands,
-        "{} islands of cables joined by a slower network: {islands}; large all-reduces run \
-         in two levels (inside each island, then across on 1/{} of the data)",
-        islands.count(),
-        islands.island_size()
-    );
-    Some(islands)
-}
-
-/// The cabling an algorithm that follows the cables needs, in words, for the error of a group
-/// that lacks it.
-fn cabling_needed(algorithm: Algorithm) -> Option<&'static str> {
-    match algorithm {
-        Algorithm::TwoLevel => Some(
-            "islands: at least two groups of members, all of the same size (two or more), \
-             joined among themselves by cables and to each other only by a switch or routes",
-        ),
-        Algorithm::BidirectionalChain => Some(
-            "members cabled in a line: three or more, each cabled to the one before and the \
-             one after it and to no other",
-        ),
-        _ => None,
-    }
-}
 
 /// The group id of the world group every family starts from.
 pub const WORLD_GROUP_ID: u16 = 1;
@@ -173,12 +125,8 @@ struct Shared {
     worker: Worker,
     /// The recent operations, for diagnosis.
     flight: FlightRecorder,
-    /// Where each member sits around the rings, from the link matrix.
-    ring_order: RingOrder,
-    /// The members' islands of cables, from the link matrix, when it shows some.
-    islands: Option<Islands>,
-    /// The members' line of cables, when they are cabled as one.
-    chain: Option<CablePath>,
+    /// What the link matrix says of the members' cables: the rings' order, islands, a line.
+    cables: CablePlan,
 }
 
 impl Drop for Shared {
@@ -236,29 +184,8 @@ impl ProcessGroup {
         let transport_has_native = transport.native_collectives().is_some();
         let world_rank = members.get(rank as usize).copied().unwrap_or(rank);
         let topology = transport.topology().and_then(|t| t.restricted(&members));
-        let ring_order = plan_rings(topology.as_ref(), members.len() as u32, group_id);
-        let islands = plan_islands(topology.as_ref(), members.len() as u32, group_id);
-        let chain = CablePath::find(topology.as_ref(), members.len() as u32);
-        if let Some(path) = &chain {
-            tracing::info!(
-                group = group_id,
-                line = ?path.ranks(),
-                "the members are cabled in a line: large all-reduces run along it both ways"
-            );
-        }
-        let settings = Settings {
-            cabled_mesh: topology.as_ref().is_some_and(|t| t.is_cable_mesh()),
-            islands: islands.is_some(),
-            cabled_chain: chain.is_some(),
-            ..Settings::default()
-        };
-        if settings.cabled_mesh {
-            tracing::info!(
-                group = group_id,
-                "a cable joins every pair of members: all-reduce and all-gather exchange with \
-                 every peer at once"
-            );
-        }
+        let cables = CablePlan::of(topology.as_ref(), members.len() as u32, group_id);
+        let settings = cables.settings();
         ProcessGroup {
             shared: Arc::new(Shared {
                 transport,
@@ -277,9 +204,7 @@ impl ProcessGroup {
                 health: Health::default(),
                 worker: Worker::default(),
                 flight: FlightRecorder::new(group_id, world_rank, DEFAULT_FLIGHT_ENTRIES),
-                ring_order,
-                islands,
-                chain,
+                cables,
             }),
         }
     }
@@ -396,85 +321,14 @@ impl ProcessGroup {
 
     /// The group ranks in the order the group's rings visit them (`[0, 2, 1, 3]` on a chain
     /// cabled 0-2-1-3): rank order unless the link matrix shows a cheaper ring (see
-    /// [`ProcessGroup::topology`]). [`Algorithm::RankOrderRing`] rings in rank order instead.
+    /// [`ProcessGroup::topology`]). [`Algorithm::RankOrderRing`](crate::Algorithm::RankOrderRing) rings in rank order
+    /// instead.
     pub fn ring_order(&self) -> &[u32] {
-        self.shared.ring_order.ranks_in_order()
-    }
-
-    /// Forces `algorithm` for `op` on this group (and its clones) from the next issued
-    /// operation on; [`Algorithm::Auto`] restores the size-based choice. Every member must
-    /// make the same choice. Fails with `InvalidArgument` if `op` has no such algorithm (see
-    /// [`CollectiveOp::algorithms`]), and with `Unsupported` if this group cannot run it (see
-    /// [`ProcessGroup::supports_algorithm`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use std::sync::Arc;
-    /// # use rlx_collective::{MemTransport, ProcessGroup, ReduceKind, Transport};
-    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(1).into_iter()
-    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
-    /// use rlx_collective::{Algorithm, CollectiveOp};
-    /// let group = &world[0];
-    /// group.set_algorithm(CollectiveOp::AllReduce, Algorithm::Ring)?;
-    /// assert_eq!(group.algorithm(CollectiveOp::AllReduce), Algorithm::Ring);
-    /// # Ok::<(), rlx_collective::CollectiveError>(())
-    /// ```
-    pub fn set_algorithm(&self, op: CollectiveOp, algorithm: Algorithm) -> Result<()> {
-        let known = op.algorithms().contains(&algorithm);
-        if known && algorithm == Algorithm::OneSidedRing && !self.supports_algorithm(op, algorithm)
-        {
-            if self.shared.transport.symmetric().is_none() {
-                return Err(CollectiveError::unsupported(format!(
-                    "{op} with {algorithm} needs a transport with a symmetric heap, and this \
-                     transport has none (wrap it in rlx_transport::Symmetric)"
-                )));
-            }
-            if self.shared.group_id != WORLD_GROUP_ID {
-                return Err(CollectiveError::unsupported(format!(
-                    "{op} with {algorithm} runs on the world group only: a sub-group cannot \
-                     allocate symmetric heap memory, which is collective over the whole world"
-                )));
-            }
-        }
-        if known && !self.supports_algorithm(op, algorithm) {
-            if let Some(needs) = cabling_needed(algorithm) {
-                let matrix = if self.topology().is_some() {
-                    "its link matrix (ProcessGroup::topology) shows none"
-                } else {
-                    "its transport reports no link matrix"
-                };
-                return Err(CollectiveError::unsupported(format!(
-                    "{op} with {algorithm} needs {needs}; this group has none: {matrix}"
-                )));
-            }
-        }
-        self.shared.settings.lock().set(op, algorithm)?;
-        tracing::info!(group = self.shared.group_id, %op, %algorithm, "algorithm forced");
-        Ok(())
-    }
-
-    /// Whether `algorithm` can run `op` on this group: it is one of `op`'s algorithms and,
-    /// for [`Algorithm::OneSidedRing`], this is the world group of a transport with a
-    /// symmetric heap ([`Transport::symmetric`]); for [`Algorithm::TwoLevel`], the group's
-    /// link matrix shows islands; for [`Algorithm::BidirectionalChain`], a line of cables.
-    ///
-    /// See the example of [`ProcessGroup::set_algorithm`].
-    pub fn supports_algorithm(&self, op: CollectiveOp, algorithm: Algorithm) -> bool {
-        op.algorithms().contains(&algorithm)
-            && match algorithm {
-                Algorithm::OneSidedRing => {
-                    self.shared.group_id == WORLD_GROUP_ID
-                        && self.shared.transport.symmetric().is_some()
-                }
-                Algorithm::TwoLevel => self.shared.islands.is_some(),
-                Algorithm::BidirectionalChain => self.shared.chain.is_some(),
-                _ => true,
-            }
+        self.shared.cables.ring_order().ranks_in_order()
     }
 
     /// Collective: allocates the scratch region of the one-sided all-reduce
-    /// ([`Algorithm::OneSidedRing`]) with `region_bytes` bytes of the symmetric heap on every
+    /// ([`Algorithm::OneSidedRing`](crate::Algorithm::OneSidedRing)) with `region_bytes` bytes of the symmetric heap on every
     /// rank, freeing the previous one. Without it the first one-sided all-reduce allocates
     /// [`DEFAULT_ONE_SIDED_REGION_BYTES`](crate::select::DEFAULT_ONE_SIDED_REGION_BYTES) (at most
     /// half the heap). Larger regions mean larger segments and fewer messages; buffers larger
@@ -494,55 +348,6 @@ impl ProcessGroup {
         self.run(OpKind::EnableOneSided, |ctx| {
             one_sided::enable(ctx, region_bytes)
         })
-    }
-
-    /// The algorithm forced for `op` ([`Algorithm::Auto`] when none is).
-    ///
-    /// See the example of [`ProcessGroup::set_algorithm`].
-    pub fn algorithm(&self, op: CollectiveOp) -> Algorithm {
-        self.shared.settings.lock().get(op)
-    }
-
-    /// The algorithm this group would run `op` with for `bytes` per rank (for an all-gather,
-    /// gathered in all): the forced one, or what [`Algorithm::Auto`] picks for that size on
-    /// this group's cabling; `Auto` itself for the operations that have a single algorithm.
-    /// A backend's native collective, where one runs instead, is not known here.
-    ///
-    /// ```
-    /// # use std::sync::Arc;
-    /// # use rlx_collective::{MemTransport, ProcessGroup, Transport};
-    /// # let world: Vec<ProcessGroup> = MemTransport::fan_out(4).into_iter()
-    /// #     .map(|t| ProcessGroup::new(t as Arc<dyn Transport>)).collect();
-    /// use rlx_collective::{Algorithm, CollectiveOp};
-    /// let group = &world[0];
-    /// assert_eq!(group.planned_algorithm(CollectiveOp::AllReduce, 8), Algorithm::RecursiveDoubling);
-    /// assert_eq!(group.planned_algorithm(CollectiveOp::AllReduce, 64 << 20), Algorithm::Ring);
-    /// ```
-    pub fn planned_algorithm(&self, op: CollectiveOp, bytes: usize) -> Algorithm {
-        let settings = *self.shared.settings.lock();
-        let n = self.world_size();
-        match op {
-            CollectiveOp::AllReduce => settings.all_reduce(bytes, n),
-            CollectiveOp::AllGather => settings.all_gather(bytes),
-            CollectiveOp::ReduceScatter => settings.reduce_scatter(bytes),
-            CollectiveOp::Broadcast => settings.broadcast(bytes, n),
-            CollectiveOp::AllToAll => settings.all_to_all(bytes),
-            _ => Algorithm::Auto,
-        }
-    }
-
-    /// Caps the pipeline segment size of the segmented algorithms at `bytes` (at least one
-    /// element), so that small inputs take multi-segment paths in tests and benchmarks;
-    /// `None` restores the measured sizes. Every member must set the same value.
-    #[doc(hidden)]
-    pub fn set_max_segment_bytes(&self, bytes: Option<usize>) {
-        self.shared.settings.lock().max_segment_bytes = bytes;
-    }
-
-    /// The current segment cap (see [`ProcessGroup::set_max_segment_bytes`]).
-    #[doc(hidden)]
-    pub fn max_segment_bytes(&self) -> Option<usize> {
-        self.shared.settings.lock().max_segment_bytes
     }
 
     /// The world rank of group rank `rank`.
@@ -620,8 +425,8 @@ impl ProcessGroup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ReduceKind;
     use crate::handle::CollectiveHandle;
+    use crate::{CollectiveOp, ReduceKind};
 
     #[test]
     fn process_groups_are_shareable_across_threads() {
