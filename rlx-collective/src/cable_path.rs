@@ -57,25 +57,11 @@ impl CablePath {
 
 #[cfg(test)]
 mod tests {
-    use std::net::Ipv4Addr;
-
-    use rlx_transport::topology::Subnet;
-
     use super::*;
 
-    /// Ranks joined by a cable (a /30 of its own) for each pair of `cables`.
+    /// Ranks joined by a cable for each pair of `cables`, and by nothing else.
     fn cabled(n: u32, cables: &[(u32, u32)]) -> Topology {
-        let mut networks: Vec<Vec<Subnet>> = vec![Vec::new(); n as usize];
-        for (i, &(a, b)) in cables.iter().enumerate() {
-            let base = u32::from(Ipv4Addr::new(10, 0, 0, 0)) + 4 * i as u32;
-            for (rank, host) in [(a, 1), (b, 2)] {
-                networks[rank as usize].push(Subnet {
-                    addr: Ipv4Addr::from(base + host).into(),
-                    prefix: 30,
-                });
-            }
-        }
-        Topology::from_networks(&networks)
+        Topology::from_cables(n, cables, false)
     }
 
     #[test]

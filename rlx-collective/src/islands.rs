@@ -158,32 +158,11 @@ fn cabled_parts(topology: &Topology) -> Vec<Vec<u32>> {
 
 #[cfg(test)]
 mod tests {
-    use std::net::Ipv4Addr;
-
-    use rlx_transport::topology::Subnet;
-
     use super::*;
 
     /// Ranks on one switch, with a cable between the ranks of each pair of `cables`.
     fn switched(n: u32, cables: &[(u32, u32)]) -> Topology {
-        let mut networks: Vec<Vec<Subnet>> = (0..n)
-            .map(|r| {
-                vec![Subnet {
-                    addr: Ipv4Addr::new(192, 168, 1, r as u8 + 1).into(),
-                    prefix: 24,
-                }]
-            })
-            .collect();
-        for (i, &(a, b)) in cables.iter().enumerate() {
-            let base = u32::from(Ipv4Addr::new(10, 0, 0, 0)) + 4 * i as u32;
-            for (rank, host) in [(a, 1), (b, 2)] {
-                networks[rank as usize].push(Subnet {
-                    addr: Ipv4Addr::from(base + host).into(),
-                    prefix: 30,
-                });
-            }
-        }
-        Topology::from_networks(&networks)
+        Topology::from_cables(n, cables, true)
     }
 
     /// The cables of a full mesh among `ranks`.

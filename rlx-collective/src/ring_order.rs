@@ -238,28 +238,13 @@ impl<'a> RingSeat<'a> {
 #[cfg(test)]
 mod tests {
     use rlx_transport::Reach;
-    use rlx_transport::topology::Subnet;
 
     use super::*;
 
-    /// The link matrix of ranks joined by a cable each where `cables` says.
+    /// The link matrix of ranks joined by a cable each where `cables` says, and by nothing
+    /// else.
     fn cabled(n: u32, cables: &[(u32, u32)]) -> Topology {
-        let mut networks: Vec<Vec<Subnet>> = vec![Vec::new(); n as usize];
-        for (i, &(a, b)) in cables.iter().enumerate() {
-            lay_cable(&mut networks, i as u32, a, b);
-        }
-        Topology::from_networks(&networks)
-    }
-
-    /// Cable number `index` (a /30 of its own) between ranks `a` and `b`.
-    fn lay_cable(networks: &mut [Vec<Subnet>], index: u32, a: u32, b: u32) {
-        let base = 0x0a00_0000u32 + 4 * index;
-        for (rank, host) in [(a, 1), (b, 2)] {
-            networks[rank as usize].push(Subnet {
-                addr: std::net::Ipv4Addr::from(base + host).into(),
-                prefix: 30,
-            });
-        }
+        Topology::from_cables(n, cables, false)
     }
 
     #[test]
@@ -318,25 +303,8 @@ mod tests {
     #[test]
     fn islands_ring_through_each_island_before_the_next() {
         // Two islands of three cabled ranks, numbered alternately, on one switch.
-        let mut networks: Vec<Vec<Subnet>> = (0..6u32)
-            .map(|r| {
-                vec![Subnet {
-                    addr: std::net::Ipv4Addr::new(192, 168, 0, r as u8 + 1).into(),
-                    prefix: 24,
-                }]
-            })
-            .collect();
-        let islands = [[0u32, 2, 4], [1, 3, 5]];
-        let mut cable = 0u32;
-        for island in islands {
-            for (i, &a) in island.iter().enumerate() {
-                for &b in &island[i + 1..] {
-                    lay_cable(&mut networks, cable, a, b);
-                    cable += 1;
-                }
-            }
-        }
-        let topology = Topology::from_networks(&networks);
+        let cables = [(0, 2), (0, 4), (2, 4), (1, 3), (1, 5), (3, 5)];
+        let topology = Topology::from_cables(6, &cables, true);
         let order = RingOrder::following(Some(&topology), 6);
         let switch_hops = (0..6)
             .filter(|&i| {

@@ -7,11 +7,9 @@
 
 mod common;
 
-use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use rlx_collective::conformance::{self, ConformanceOptions, SplitMix};
-use rlx_collective::topology::Subnet;
 use rlx_collective::{
     Algorithm, CollectiveOp, Delegate, MemTransport, ProcessGroup, Reach, Topology, Transport,
 };
@@ -32,19 +30,9 @@ impl Delegate for Cabled {
     }
 }
 
-/// The link matrix of ranks joined by a cable (a /30 of its own) for each pair of `cables`.
+/// The link matrix of ranks joined by a cable for each pair of `cables`, and by nothing else.
 fn cabled(n: u32, cables: &[(u32, u32)]) -> Topology {
-    let mut networks: Vec<Vec<Subnet>> = vec![Vec::new(); n as usize];
-    for (i, &(a, b)) in cables.iter().enumerate() {
-        let base = u32::from(Ipv4Addr::new(10, 216, 0, 0)) + 4 * i as u32;
-        for (rank, host) in [(a, 1), (b, 2)] {
-            networks[rank as usize].push(Subnet {
-                addr: Ipv4Addr::from(base + host).into(),
-                prefix: 30,
-            });
-        }
-    }
-    Topology::from_networks(&networks)
+    Topology::from_cables(n, cables, false)
 }
 
 /// The link matrix of `n` ranks with a cable between every pair.
@@ -252,13 +240,29 @@ fn a_rank_that_leaves_a_direct_all_reduce_is_named_by_every_other() {
 
 #[test]
 fn a_rank_that_aborts_during_a_direct_all_reduce_is_named_or_the_result_is_exact() {
-    let n = 4;
-    let topology = mesh(n);
-    let outcomes = common::on_each(world(n, &topology), |group| {
-        // 16 MiB: blocks of 4 MiB, sixteen segments in the reduce-scatter's pipeline. Rank 3
-        // aborts before, during or after its own part, wherever its other thread gets to run:
-        // a survivor either finished with the exact sum or names rank 3.
-        let mut data = vec![1.0f32; 1 << 22];
+    // 16 MiB: blocks of 4 MiB, sixteen segments in the reduce-scatter's pipeline.
+    let outcomes = all_reduce_while_rank_3_aborts(&mesh(4), 1 << 22);
+    for (rank, outcome) in outcomes.into_iter().enumerate().take(3) {
+        let error = outcome
+            .expect("a survivor's outcome")
+            .expect_err("an all-reduce without rank 3");
+        assert!(
+            error.to_string().contains("rank 3"),
+            "rank {rank} blamed another: {error}"
+        );
+    }
+}
+
+/// The outcomes of an all-reduce of `elements` floats (each 1.0) on 4 ranks cabled as
+/// `topology`, during which rank 3 aborts from another thread after 2 ms, before, during or
+/// after its own part, wherever that thread gets to run: each survivor's result (whether the
+/// sum is exact), and `None` for rank 3.
+fn all_reduce_while_rank_3_aborts(
+    topology: &Topology,
+    elements: usize,
+) -> Vec<Option<Result<bool, rlx_collective::CollectiveError>>> {
+    common::on_each(world(4, topology), move |group| {
+        let mut data = vec![1.0f32; elements];
         if group.rank() == 3 {
             let aborter = {
                 let group = group.clone();
@@ -271,17 +275,12 @@ fn a_rank_that_aborts_during_a_direct_all_reduce_is_named_or_the_result_is_exact
             aborter.join().expect("the aborting thread");
             return None;
         }
-        Some(group.all_reduce(&mut data, rlx_collective::ReduceKind::Sum))
-    });
-    for (rank, outcome) in outcomes.into_iter().enumerate().take(3) {
-        let error = outcome
-            .expect("a survivor's outcome")
-            .expect_err("an all-reduce without rank 3");
-        assert!(
-            error.to_string().contains("rank 3"),
-            "rank {rank} blamed another: {error}"
-        );
-    }
+        Some(
+            group
+                .all_reduce(&mut data, rlx_collective::ReduceKind::Sum)
+                .map(|()| data.iter().all(|&x| x == 4.0)),
+        )
+    })
 }
 
 /// The link matrix of `m` islands of `k` ranks, each a full mesh of cables, all on one switch;
@@ -291,30 +290,16 @@ fn islands_on_a_switch(m: u32, k: u32, seed: u64) -> (Topology, Vec<Vec<u32>>) {
     let n = m * k;
     let dealt = scrambled(n, seed);
     let islands: Vec<Vec<u32>> = dealt.chunks(k as usize).map(<[u32]>::to_vec).collect();
-    let mut networks: Vec<Vec<Subnet>> = (0..n)
-        .map(|r| {
-            vec![Subnet {
-                addr: Ipv4Addr::new(192, 168, 7, r as u8 + 1).into(),
-                prefix: 24,
-            }]
+    let cables: Vec<(u32, u32)> = islands
+        .iter()
+        .flat_map(|island| {
+            island
+                .iter()
+                .enumerate()
+                .flat_map(|(i, &a)| island[i + 1..].iter().map(move |&b| (a, b)))
         })
         .collect();
-    let mut cable = 0u32;
-    for island in &islands {
-        for (i, &a) in island.iter().enumerate() {
-            for &b in &island[i + 1..] {
-                let base = u32::from(Ipv4Addr::new(10, 217, 0, 0)) + 4 * cable;
-                cable += 1;
-                for (rank, host) in [(a, 1), (b, 2)] {
-                    networks[rank as usize].push(Subnet {
-                        addr: Ipv4Addr::from(base + host).into(),
-                        prefix: 30,
-                    });
-                }
-            }
-        }
-    }
-    (Topology::from_networks(&networks), islands)
+    (Topology::from_cables(n, &cables, true), islands)
 }
 
 #[test]
@@ -379,26 +364,7 @@ fn two_levels_are_refused_on_a_group_without_islands() {
 fn a_rank_that_aborts_during_a_chain_all_reduce_is_named_by_every_other() {
     // A line 2-0-3-1: rank 3 sits between 0 and 1, so both halves' streams cross it.
     let topology = cabled(4, &[(2, 0), (0, 3), (3, 1)]);
-    let outcomes = common::on_each(world(4, &topology), |group| {
-        let mut data = vec![1.0f32; 1 << 20];
-        if group.rank() == 3 {
-            let aborter = {
-                let group = group.clone();
-                std::thread::spawn(move || {
-                    std::thread::sleep(std::time::Duration::from_millis(2));
-                    group.abort();
-                })
-            };
-            let _ = group.all_reduce(&mut data, rlx_collective::ReduceKind::Sum);
-            aborter.join().expect("the aborting thread");
-            return None;
-        }
-        Some(
-            group
-                .all_reduce(&mut data, rlx_collective::ReduceKind::Sum)
-                .map(|()| data.iter().all(|&x| x == 4.0)),
-        )
-    });
+    let outcomes = all_reduce_while_rank_3_aborts(&topology, 1 << 22);
     for (rank, outcome) in outcomes.into_iter().enumerate() {
         let Some(outcome) = outcome else { continue };
         match outcome {

@@ -261,31 +261,12 @@ fn mesh(ranks: std::ops::Range<u32>) -> Vec<[u32; 2]> {
 
 #[cfg(test)]
 mod tests {
-    use std::net::Ipv4Addr;
-
     use super::*;
-    use crate::topology::Subnet;
 
     /// The link matrix of `n` ranks on one switch with a cable for each pair of `cables`.
     fn matrix(n: u32, cables: &[[u32; 2]]) -> Topology {
-        let mut networks: Vec<Vec<Subnet>> = (0..n)
-            .map(|r| {
-                vec![Subnet {
-                    addr: Ipv4Addr::new(10, 213, 0, r as u8 + 1).into(),
-                    prefix: 24,
-                }]
-            })
-            .collect();
-        for (i, pair) in cables.iter().enumerate() {
-            let base = u32::from(Ipv4Addr::new(10, 214, 0, 0)) + 4 * i as u32;
-            for (end, &rank) in pair.iter().enumerate() {
-                networks[rank as usize].push(Subnet {
-                    addr: Ipv4Addr::from(base + 1 + end as u32).into(),
-                    prefix: 30,
-                });
-            }
-        }
-        Topology::from_networks(&networks)
+        let pairs: Vec<(u32, u32)> = cables.iter().map(|&[a, b]| (a, b)).collect();
+        Topology::from_cables(n, &pairs, true)
     }
 
     #[test]

@@ -163,6 +163,45 @@ impl Topology {
         }
     }
 
+    /// The matrix of `n` ranks joined by a cable for each pair of `cables` (each a /30 of its
+    /// own in 10.214.0.0/16, as the launcher's emulation lays them), and all also on one switch
+    /// (10.213.0.0/24) when `switch`: a cabling described by its cables, for tests and
+    /// simulations.
+    ///
+    /// ```
+    /// use rlx_transport::{Reach, Topology};
+    ///
+    /// let chain = Topology::from_cables(3, &[(0, 2), (2, 1)], false);
+    /// assert_eq!(chain.reach(0, 2), Reach::Cable);
+    /// assert_eq!(chain.reach(0, 1), Reach::Routed);
+    /// let beside = Topology::from_cables(3, &[(0, 2), (2, 1)], true);
+    /// assert_eq!(beside.reach(0, 1), Reach::Switch);
+    /// ```
+    pub fn from_cables(n: u32, cables: &[(u32, u32)], switch: bool) -> Topology {
+        let mut networks: Vec<Vec<Subnet>> = (0..n)
+            .map(|rank| {
+                let host = u32::from(std::net::Ipv4Addr::new(10, 213, 0, 1)) + rank;
+                let on_switch = Subnet {
+                    addr: std::net::Ipv4Addr::from(host).into(),
+                    prefix: 24,
+                };
+                if switch { vec![on_switch] } else { Vec::new() }
+            })
+            .collect();
+        let base = u32::from(std::net::Ipv4Addr::new(10, 214, 0, 0));
+        for (index, &(a, b)) in (0u32..).zip(cables) {
+            for (end, rank) in [(1, a), (2, b)] {
+                if let Some(rank_networks) = networks.get_mut(rank as usize) {
+                    rank_networks.push(Subnet {
+                        addr: std::net::Ipv4Addr::from(base + 4 * index + end).into(),
+                        prefix: 30,
+                    });
+                }
+            }
+        }
+        Topology::from_networks(&networks)
+    }
+
     /// The number of ranks.
     pub fn size(&self) -> u32 {
         self.size
