@@ -17,16 +17,17 @@ const SIDE: f64 = 640.0;
 /// Radius of the circle the ranks sit on.
 const RADIUS: f64 = 230.0;
 
+/// Where rank `index` of `n` sits on the circle.
+fn position(index: usize, n: usize) -> (f64, f64) {
+    let angle = 2.0 * PI * index as f64 / n.max(1) as f64 - PI / 2.0;
+    (
+        SIDE / 2.0 + RADIUS * angle.cos(),
+        SIDE / 2.0 + RADIUS * angle.sin(),
+    )
+}
+
 /// The picture of `reports` as an SVG document.
 pub fn svg(reports: &[RankReport]) -> String {
-    let n = reports.len();
-    let at = |rank: usize| {
-        let angle = 2.0 * PI * rank as f64 / n.max(1) as f64 - PI / 2.0;
-        (
-            SIDE / 2.0 + RADIUS * angle.cos(),
-            SIDE / 2.0 + RADIUS * angle.sin(),
-        )
-    };
     let mut out = String::new();
     let height = SIDE + 90.0;
     let _ = writeln!(
@@ -35,51 +36,10 @@ pub fn svg(reports: &[RankReport]) -> String {
          font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" \
          fill=\"white\"/>"
     );
-    let slowest = slowest_pair(reports);
-    let missing = missing_pairs(reports);
-    for a in 0..n {
-        for b in a + 1..n {
-            let reach = reach_between(reports, a as u32, b as u32);
-            let is_missing = missing.contains(&[a as u32, b as u32]);
-            let style = match (is_missing, reach) {
-                (true, _) => "stroke=\"#d00\" stroke-width=\"2\" stroke-dasharray=\"8 5\"",
-                (false, Some(Reach::Cable)) => "stroke=\"#246\" stroke-width=\"4\"",
-                (false, Some(Reach::Switch)) => {
-                    "stroke=\"#999\" stroke-width=\"1.5\" stroke-dasharray=\"4 4\""
-                }
-                // A routed pair has no link of its own to draw.
-                _ => continue,
-            };
-            let ((x1, y1), (x2, y2)) = (at(a), at(b));
-            let _ = writeln!(
-                out,
-                "<line x1=\"{x1:.1}\" y1=\"{y1:.1}\" x2=\"{x2:.1}\" y2=\"{y2:.1}\" {style}/>"
-            );
-            let colour = if is_missing {
-                "#d00"
-            } else if slowest == Some([a as u32, b as u32]) {
-                "#d70"
-            } else {
-                "#222"
-            };
-            let label = if is_missing {
-                "missing cable".to_owned()
-            } else {
-                measured(reports, a as u32, b as u32)
-            };
-            // Two fifths of the way from the lower rank, so that the labels of crossing lines
-            // (the diagonals of a square) do not land on one spot.
-            let (mx, my) = (x1 + 0.4 * (x2 - x1), y1 + 0.4 * (y2 - y1));
-            let _ = writeln!(
-                out,
-                "<text x=\"{mx:.1}\" y=\"{my:.1}\" text-anchor=\"middle\" fill=\"{colour}\" \
-                 stroke=\"white\" stroke-width=\"3\" paint-order=\"stroke\">{}</text>",
-                escape(&label)
-            );
-        }
-    }
+    draw_links(&mut out, reports);
+    let n = reports.len();
     for (i, report) in reports.iter().enumerate() {
-        let (x, y) = at(i);
+        let (x, y) = position(i, n);
         let _ = writeln!(
             out,
             "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"30\" fill=\"#eef\" stroke=\"#246\" \
@@ -98,6 +58,50 @@ pub fn svg(reports: &[RankReport]) -> String {
     }
     out.push_str("</svg>\n");
     out
+}
+
+/// Draws every pair that a cable or a switch joins, or that the declared cabling says a
+/// cable should, as a line with its label.
+fn draw_links(out: &mut String, reports: &[RankReport]) {
+    let n = reports.len();
+    let slowest = slowest_pair(reports);
+    let missing = missing_pairs(reports);
+    for a in 0..n {
+        for b in a + 1..n {
+            let pair = [a as u32, b as u32];
+            let is_missing = missing.contains(&pair);
+            let style = match (is_missing, reach_between(reports, pair[0], pair[1])) {
+                (true, _) => "stroke=\"#d00\" stroke-width=\"2\" stroke-dasharray=\"8 5\"",
+                (false, Some(Reach::Cable)) => "stroke=\"#246\" stroke-width=\"4\"",
+                (false, Some(Reach::Switch)) => {
+                    "stroke=\"#999\" stroke-width=\"1.5\" stroke-dasharray=\"4 4\""
+                }
+                // A routed pair has no link of its own to draw.
+                _ => continue,
+            };
+            let ((x1, y1), (x2, y2)) = (position(a, n), position(b, n));
+            let _ = writeln!(
+                out,
+                "<line x1=\"{x1:.1}\" y1=\"{y1:.1}\" x2=\"{x2:.1}\" y2=\"{y2:.1}\" {style}/>"
+            );
+            let (colour, label) = if is_missing {
+                ("#d00", "missing cable".to_owned())
+            } else if slowest == Some(pair) {
+                ("#d70", measured(reports, pair[0], pair[1]))
+            } else {
+                ("#222", measured(reports, pair[0], pair[1]))
+            };
+            // Two fifths of the way from the lower rank, so that the labels of crossing lines
+            // (the diagonals of a square) do not land on one spot.
+            let (mx, my) = (x1 + 0.4 * (x2 - x1), y1 + 0.4 * (y2 - y1));
+            let _ = writeln!(
+                out,
+                "<text x=\"{mx:.1}\" y=\"{my:.1}\" text-anchor=\"middle\" fill=\"{colour}\" \
+                 stroke=\"white\" stroke-width=\"3\" paint-order=\"stroke\">{}</text>",
+                escape(&label)
+            );
+        }
+    }
 }
 
 /// What the lower rank of a pair measured of it: `1.23 GB/s · 45 µs`.
