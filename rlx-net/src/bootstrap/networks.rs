@@ -14,7 +14,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use rlx_transport::interfaces::{self, InterfaceAddress};
-use rlx_transport::topology::Subnet;
+use rlx_transport::topology::{Link, Subnet};
 use rlx_transport::{Reach, Topology};
 
 use super::store::Registration;
@@ -37,12 +37,8 @@ fn joining(entries: &[InterfaceAddress]) -> Vec<Subnet> {
         let (Some(addr), Some(prefix)) = (entry.addr, entry.prefix) else {
             continue;
         };
-        let local_only = match addr {
-            std::net::IpAddr::V4(v4) => v4.is_loopback() || v4.is_link_local(),
-            std::net::IpAddr::V6(v6) => v6.is_loopback() || v6.is_unicast_link_local(),
-        };
         let network = Subnet { addr, prefix };
-        if !local_only && !out.contains(&network) {
+        if !stays_on_host_or_link(addr) && !out.contains(&network) {
             out.push(network);
         }
     }
@@ -69,50 +65,59 @@ pub(super) fn connect_addresses(
     (0u32..)
         .zip(table)
         .map(|(peer, reg)| {
+            let link = topology.link(me, peer).filter(|_| peer != me);
             reg.addrs
                 .iter()
-                .map(|&advertised| {
-                    let direct = topology
-                        .link(me, peer)
-                        .filter(|_| reg.listens_everywhere && peer != me)
-                        .and_then(|link| {
-                            let take = link.reach == Reach::Cable
-                                || (link.reach == Reach::Switch && routed(advertised.ip(), mine));
-                            // A peer with this rank's own address is on this host; an address of
-                            // the other family may not be listened on (a socket bound to `::`
-                            // can be IPv6 only).
-                            let here = |remote: &IpAddr| mine.iter().any(|n| n.addr == *remote);
-                            let family = |remote: &IpAddr| remote.is_ipv4() == advertised.is_ipv4();
-                            link.remote
-                                .filter(|remote| take && !here(remote) && family(remote))
-                        });
-                    match direct {
-                        Some(ip) if ip != advertised.ip() => {
-                            tracing::debug!(
-                                peer,
-                                %advertised,
-                                direct = %ip,
-                                "connecting over the network the two ranks share"
-                            );
-                            SocketAddr::new(ip, advertised.port())
-                        }
-                        _ => advertised,
-                    }
-                })
+                .map(
+                    |&advertised| match link.filter(|_| reg.listens_everywhere) {
+                        Some(link) => connect_address(peer, advertised, link, mine),
+                        None => advertised,
+                    },
+                )
                 .collect()
         })
         .collect()
+}
+
+/// Where to connect to `peer`, which advertised `advertised`, listens on every address and is
+/// reached by `link` from a rank with the networks `mine` (see the module docs).
+fn connect_address(peer: u32, advertised: SocketAddr, link: &Link, mine: &[Subnet]) -> SocketAddr {
+    let take = link.reach == Reach::Cable
+        || (link.reach == Reach::Switch && routed(advertised.ip(), mine));
+    // A peer with this rank's own address is on this host; an address of the other family may
+    // not be listened on (a socket bound to `::` can be IPv6 only).
+    let here = |remote: &IpAddr| mine.iter().any(|n| n.addr == *remote);
+    let family = |remote: &IpAddr| remote.is_ipv4() == advertised.is_ipv4();
+    let direct = link
+        .remote
+        .filter(|remote| take && !here(remote) && family(remote) && *remote != advertised.ip());
+    match direct {
+        Some(ip) => {
+            tracing::debug!(
+                peer,
+                %advertised,
+                direct = %ip,
+                "connecting over the network the two ranks share"
+            );
+            SocketAddr::new(ip, advertised.port())
+        }
+        None => advertised,
+    }
 }
 
 /// Whether only routes lead to `ip` from a rank with the networks `mine`: it is in none of
 /// them, and neither loopback (advertised by the ranks of one host only, which it reaches) nor
 /// link-local (on the link it is scoped to).
 fn routed(ip: IpAddr, mine: &[Subnet]) -> bool {
-    let on_link = match ip {
+    !stays_on_host_or_link(ip) && !in_my_networks(ip, mine)
+}
+
+/// Whether `ip` is loopback or link-local: an address that names no network between machines.
+fn stays_on_host_or_link(ip: IpAddr) -> bool {
+    match ip {
         IpAddr::V4(v4) => v4.is_loopback() || v4.is_link_local(),
         IpAddr::V6(v6) => v6.is_loopback() || v6.is_unicast_link_local(),
-    };
-    !on_link && !in_my_networks(ip, mine)
+    }
 }
 
 /// Whether `ip` is an address of one of the networks `mine`.
