@@ -76,17 +76,11 @@ pub fn advise(reports: &[RankReport]) -> Vec<String> {
 /// The advice on the cabling: each hop of the rings that crosses other machines, and a pair
 /// much slower than the others, which bounds every ring through it.
 fn advise_on_cabling(reports: &[RankReport], advice: &mut Vec<String>) {
-    let seen_by = |a: u32, b: u32| {
-        let report = reports.iter().find(|r| r.rank == a)?;
-        report.peers.iter().find(|p| p.peer == b)?.link.clone()
-    };
-    // The matrix is symmetric in reach: either end's report says it.
-    let link = |a: u32, b: u32| seen_by(a, b).or_else(|| seen_by(b, a));
     advice.extend(missing_cables(reports));
     if let Some(order) = reports.first().map(|r| &r.ring_order) {
         for (i, &a) in order.iter().enumerate() {
             let b = order[(i + 1) % order.len()];
-            if order.len() > 1 && link(a, b).as_deref() == Some("routed") {
+            if order.len() > 1 && reach_between(reports, a, b) == Some(Reach::Routed) {
                 advice.push(format!(
                     "the rings' hop from rank {a} to rank {b} crosses other machines (no cable \
                      or switch joins them): its bytes load the cables of the ranks between, \
@@ -95,17 +89,9 @@ fn advise_on_cabling(reports: &[RankReport], advice: &mut Vec<String>) {
             }
         }
     }
-    let mut rates: Vec<(f64, u32, u32)> = reports
-        .iter()
-        .flat_map(|r| {
-            r.peers
-                .iter()
-                .filter_map(move |p| Some((p.gbytes_per_s?, r.rank, p.peer)))
-        })
-        .collect();
-    rates.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let rates = rates_slowest_first(reports);
     let median = rates.get(rates.len() / 2).map(|m| m.0);
-    if let (Some(&(slowest, a, b)), Some(median)) = (rates.first(), median) {
+    if let (Some(&(slowest, [a, b])), Some(median)) = (rates.first(), median) {
         if rates.len() >= 3 && slowest < median / 2.0 {
             advice.push(format!(
                 "rank {a} ↔ {b} is the slowest pair ({slowest:.2} GB/s, the median pair \
@@ -114,6 +100,20 @@ fn advise_on_cabling(reports: &[RankReport], advice: &mut Vec<String>) {
             ));
         }
     }
+}
+
+/// Every measured pair's bandwidth (GB/s over one socket) with the pair, the slowest first.
+pub(super) fn rates_slowest_first(reports: &[RankReport]) -> Vec<(f64, [u32; 2])> {
+    let mut rates: Vec<(f64, [u32; 2])> = reports
+        .iter()
+        .flat_map(|r| {
+            r.peers
+                .iter()
+                .filter_map(move |p| Some((p.gbytes_per_s?, [r.rank, p.peer])))
+        })
+        .collect();
+    rates.sort_by(|x, y| x.0.total_cmp(&y.0));
+    rates
 }
 
 /// How rank `a` reaches rank `b` by the reports' link column (`cable thunderbolt1`, `switch

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use rlx_transport::Reach;
 
 use super::RankReport;
-use super::advice::{declared_cabling, reach_between};
+use super::advice::{declared_cabling, rates_slowest_first, reach_between};
 
 /// Side of the square the ranks are drawn in, in pixels; the plan goes below it.
 const SIDE: f64 = 640.0;
@@ -118,21 +118,11 @@ fn measured(reports: &[RankReport], a: u32, b: u32) -> String {
 
 /// The slowest measured pair, when there are three pairs or more to compare.
 fn slowest_pair(reports: &[RankReport]) -> Option<[u32; 2]> {
-    let rates: Vec<(f64, [u32; 2])> = reports
-        .iter()
-        .flat_map(|r| {
-            r.peers
-                .iter()
-                .filter_map(move |p| Some((p.gbytes_per_s?, [r.rank, p.peer])))
-        })
-        .collect();
-    if rates.len() < 3 {
-        return None;
-    }
+    let rates = rates_slowest_first(reports);
     rates
-        .into_iter()
-        .min_by(|x, y| x.0.total_cmp(&y.0))
-        .map(|(_, pair)| pair)
+        .first()
+        .filter(|_| rates.len() >= 3)
+        .map(|&(_, pair)| pair)
 }
 
 /// The declared cables the link matrix lacks, the lower rank first.
