@@ -79,15 +79,12 @@ pub(crate) struct OpCtx<'a> {
     watch: Watch<'a>,
     one_sided: &'a OneSided,
     flight: &'a FlightRecorder,
-    ring_order: &'a RingOrder,
-    /// The group's islands, when its link matrix shows some (see [`crate::islands`]).
-    islands: Option<&'a Islands>,
-    /// The group's line of cables, when it is cabled as one (see [`crate::cable_path`]).
-    chain: Option<&'a CablePath>,
+    cables: CableView<'a>,
 }
 
 /// What the group holds about its cables, for the algorithms that follow them: the order of
-/// its rings, its islands and its line of cables.
+/// its rings, its islands (see [`crate::islands`]) and its line of cables (see
+/// [`crate::cable_path`]), when its link matrix shows them.
 #[derive(Clone, Copy)]
 pub(crate) struct CableView<'a> {
     pub(crate) ring_order: &'a RingOrder,
@@ -156,20 +153,18 @@ impl<'a> OpCtx<'a> {
             ),
             one_sided,
             flight,
-            ring_order: cabling.ring_order,
-            islands: cabling.islands,
-            chain: cabling.chain,
+            cables: cabling,
         }
     }
 
     /// The group's line of cables, when it is cabled as one.
     pub(crate) fn chain(&self) -> Option<&'a CablePath> {
-        self.chain
+        self.cables.chain
     }
 
     /// The group's islands, when it has some.
     pub(crate) fn islands(&self) -> Option<&'a Islands> {
-        self.islands
+        self.cables.islands
     }
 
     /// The world ranks of the group ranks `ranks`.
@@ -192,9 +187,11 @@ impl<'a> OpCtx<'a> {
             members,
             rank,
             is_world: false,
-            ring_order,
-            islands: None,
-            chain: None,
+            cables: CableView {
+                ring_order,
+                islands: None,
+                chain: None,
+            },
             ..self.phase(phase)
         }
     }
@@ -202,7 +199,7 @@ impl<'a> OpCtx<'a> {
     /// This rank's seat in a ring of the group run by `algorithm`: in rank order for
     /// [`Algorithm::RankOrderRing`], in the group's ring order otherwise.
     pub(crate) fn ring_seat(&self, algorithm: Algorithm) -> RingSeat<'a> {
-        let order = (algorithm != Algorithm::RankOrderRing).then_some(self.ring_order);
+        let order = (algorithm != Algorithm::RankOrderRing).then_some(self.cables.ring_order);
         RingSeat::new(order, self.members.len(), self.rank)
     }
 

@@ -248,15 +248,26 @@ pub(crate) struct Settings {
     pub(crate) reduce_scatter: Algorithm,
     /// The test and benchmark knob: an upper bound on segment bytes.
     pub(crate) max_segment_bytes: Option<usize>,
-    /// Whether a cable joins every pair of members (from the link matrix): `Auto` then picks
-    /// [`Algorithm::Direct`] above the small sizes.
-    pub(crate) cabled_mesh: bool,
-    /// Whether the members form islands of cables (see [`crate::islands`]): `Auto` then picks
-    /// [`Algorithm::TwoLevel`] for all-reduces above the small sizes.
-    pub(crate) islands: bool,
-    /// Whether the members are cabled in a line (see [`crate::cable_path`]): `Auto` then picks
-    /// [`Algorithm::BidirectionalChain`] for all-reduces above the small sizes.
-    pub(crate) cabled_chain: bool,
+    /// How the members are cabled, when the plans for it differ from the flat ones.
+    pub(crate) cables: CableShape,
+}
+
+/// How a group's members are cabled, as far as `Auto` chooses by it (the link matrix's; see
+/// `group::cabling`). The shapes exclude each other.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum CableShape {
+    /// A switch, one host, no matrix, or cables in no shape below: the flat plans.
+    #[default]
+    Flat,
+    /// A cable joins every pair of three or more members: [`Algorithm::Direct`] above the
+    /// small sizes.
+    Mesh,
+    /// Islands of cables (see [`crate::islands`]): [`Algorithm::TwoLevel`] for all-reduces
+    /// above the small sizes.
+    Islands,
+    /// A line of cables (see [`crate::cable_path`]): [`Algorithm::BidirectionalChain`] for
+    /// all-reduces above the small sizes.
+    Line,
 }
 
 impl Settings {
@@ -331,10 +342,12 @@ impl Settings {
             Algorithm::Auto if bytes <= SMALL_MESSAGE_BYTES || world < 2 => {
                 Algorithm::RecursiveDoubling
             }
-            Algorithm::Auto if self.cabled_mesh => Algorithm::Direct,
-            Algorithm::Auto if self.islands => Algorithm::TwoLevel,
-            Algorithm::Auto if self.cabled_chain => Algorithm::BidirectionalChain,
-            Algorithm::Auto => Algorithm::Ring,
+            Algorithm::Auto => match self.cables {
+                CableShape::Mesh => Algorithm::Direct,
+                CableShape::Islands => Algorithm::TwoLevel,
+                CableShape::Line => Algorithm::BidirectionalChain,
+                CableShape::Flat => Algorithm::Ring,
+            },
             forced => forced,
         };
         tracing::debug!(
@@ -350,7 +363,7 @@ impl Settings {
     pub(crate) fn all_gather(&self, total_bytes: usize) -> Algorithm {
         let chosen = match self.all_gather {
             Algorithm::Auto if total_bytes <= SMALL_MESSAGE_BYTES => Algorithm::Bruck,
-            Algorithm::Auto if self.cabled_mesh => Algorithm::Direct,
+            Algorithm::Auto if self.cables == CableShape::Mesh => Algorithm::Direct,
             Algorithm::Auto => Algorithm::Ring,
             forced => forced,
         };
@@ -365,7 +378,9 @@ impl Settings {
     /// The reduce-scatter algorithm for `bytes` of input per rank.
     pub(crate) fn reduce_scatter(&self, bytes: usize) -> Algorithm {
         match self.reduce_scatter {
-            Algorithm::Auto if self.cabled_mesh && bytes > SMALL_MESSAGE_BYTES => Algorithm::Direct,
+            Algorithm::Auto if self.cables == CableShape::Mesh && bytes > SMALL_MESSAGE_BYTES => {
+                Algorithm::Direct
+            }
             Algorithm::Auto => Algorithm::Ring,
             forced => forced,
         }
@@ -374,7 +389,9 @@ impl Settings {
     /// The all-to-all algorithm for `bytes` sent per rank.
     pub(crate) fn all_to_all(&self, bytes: usize) -> Algorithm {
         match self.all_to_all {
-            Algorithm::Auto if self.cabled_mesh && bytes > SMALL_MESSAGE_BYTES => Algorithm::Direct,
+            Algorithm::Auto if self.cables == CableShape::Mesh && bytes > SMALL_MESSAGE_BYTES => {
+                Algorithm::Direct
+            }
             Algorithm::Auto => Algorithm::Pairwise,
             forced => forced,
         }
@@ -386,7 +403,7 @@ impl Settings {
             Algorithm::Auto if bytes <= SMALL_MESSAGE_BYTES || world <= 2 => {
                 Algorithm::BinomialTree
             }
-            Algorithm::Auto if self.cabled_mesh => Algorithm::Direct,
+            Algorithm::Auto if self.cables == CableShape::Mesh => Algorithm::Direct,
             Algorithm::Auto => Algorithm::PipelinedChain,
             forced => forced,
         };
@@ -424,7 +441,7 @@ mod tests {
         assert_eq!(s.all_gather(1 << 20), Algorithm::Ring);
         // On a full mesh of cables, every cable at once above the small sizes.
         let mesh = Settings {
-            cabled_mesh: true,
+            cables: CableShape::Mesh,
             ..Settings::default()
         };
         assert_eq!(mesh.all_reduce(8, 4), Algorithm::RecursiveDoubling);
@@ -439,14 +456,14 @@ mod tests {
         assert_eq!(mesh.all_to_all(1024), Algorithm::Pairwise);
         // On islands, two levels for the all-reduces above the small sizes.
         let islands = Settings {
-            islands: true,
+            cables: CableShape::Islands,
             ..Settings::default()
         };
         assert_eq!(islands.all_reduce(8, 4), Algorithm::RecursiveDoubling);
         assert_eq!(islands.all_reduce(1 << 20, 4), Algorithm::TwoLevel);
         assert_eq!(islands.all_gather(1 << 20), Algorithm::Ring);
         let line = Settings {
-            cabled_chain: true,
+            cables: CableShape::Line,
             ..Settings::default()
         };
         assert_eq!(line.all_reduce(1 << 20, 4), Algorithm::BidirectionalChain);

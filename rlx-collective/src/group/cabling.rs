@@ -9,7 +9,7 @@ use crate::cable_path::CablePath;
 use crate::islands::Islands;
 use crate::op::CableView;
 use crate::ring_order::RingOrder;
-use crate::select::{Algorithm, Settings};
+use crate::select::{Algorithm, CableShape, Settings};
 
 /// See the module docs.
 #[derive(Debug)]
@@ -73,10 +73,17 @@ impl CablePlan {
 
     /// The settings `Auto` chooses by on this cabling.
     pub(super) fn settings(&self) -> Settings {
+        let cables = if self.cabled_mesh {
+            CableShape::Mesh
+        } else if self.islands.is_some() {
+            CableShape::Islands
+        } else if self.chain.is_some() {
+            CableShape::Line
+        } else {
+            CableShape::Flat
+        };
         Settings {
-            cabled_mesh: self.cabled_mesh,
-            islands: self.islands.is_some(),
-            cabled_chain: self.chain.is_some(),
+            cables,
             ..Settings::default()
         }
     }
