@@ -226,15 +226,6 @@ impl WorldConfig {
         }
         if self.netns {
             netns::plan(&self.topology, self.size)?;
-            if self.transport == TransportKind::Tb && self.topology.shape != netns::Shape::Star {
-                return Err(format!(
-                    "--transport tb over --topology {}: the Thunderbolt transport meets and talks \
-                     on the addresses of Thunderbolt links only, while over cables each rank is \
-                     reached at a routed address of its own (on lo); only --topology star (the \
-                     Thunderbolt bridge) carries it for now",
-                    self.topology
-                ));
-            }
             netns::check_available()?;
         }
         if let Some(rate) = &self.rate {
@@ -370,6 +361,17 @@ impl World {
             // rank can reach.
             if let Some(ifname) = topology.advertised_ifname() {
                 spec = spec.env("RLX_SOCKET_IFNAME", format!("={ifname}"));
+            }
+            // Over Thunderbolt, the Ethernet beside the cables carries what no cable can (from
+            // island to island), as a user's cluster needs it named, unless the user chose the
+            // links.
+            let tb_ifname = rlx_tb::TB_IFNAME_ENV;
+            if let (TransportKind::Tb, Some(ethernet), None) = (
+                self.config.transport,
+                topology.ethernet_ifname(),
+                std::env::var_os(tb_ifname),
+            ) {
+                spec = spec.env(tb_ifname, format!("thunderbolt,{ethernet}"));
             }
             // The emulated cabling is the one the job declares, unless the user declared
             // another (to see what a cable left out of it looks like).

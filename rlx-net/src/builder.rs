@@ -338,11 +338,15 @@ impl TcpTransportBuilder {
     /// socket (the links' listeners and rank 0's rendezvous store) before `bind`, with
     /// [`SocketRole::Listen`] and the address it will be bound to, and each connecting socket
     /// (to peers and to the store) before `connect`, with [`SocketRole::Connect`] and the
-    /// destination. Accepted connections inherit their listener's options. An error from the
-    /// hook fails the build: for a connecting socket as [`CollectiveError::Io`](rlx_transport::CollectiveError::Io) naming the
-    /// peer and address, without further attempts.
+    /// destination. Accepted connections inherit their listener's options, and the hook sees
+    /// each of them too, with [`SocketRole::Accepted`] and the peer's address, before anything
+    /// is read from it. An error from the hook fails the build: for a connecting socket as
+    /// [`CollectiveError::Io`](rlx_transport::CollectiveError::Io) naming the peer and
+    /// address, without further attempts; for an accepted connection, it closes that
+    /// connection alone.
     ///
-    /// The Thunderbolt transport pins sockets to its link with it (`SO_BINDTODEVICE`).
+    /// The Thunderbolt transport pins sockets to its links with it (`SO_BINDTODEVICE`), and
+    /// closes accepted connections that did not come over one.
     ///
     /// # Examples
     ///

@@ -12,11 +12,18 @@
 //!   its scope, which must be a Thunderbolt link. An unscoped one (as the rendezvous store
 //!   passes them on) is reached over the *home link*: the link of the rendezvous (store mode) or
 //!   of this rank's first hostfile address.
-//! - A local address to listen on must belong to a link; an unspecified one (rank 0's store
-//!   listener) is pinned to the home link.
-//! - Store mode: rank 0 hosts the store on an address of a link; every other rank listens on,
-//!   and advertises, the source address of its route to the store — the link's own address,
-//!   never whatever the host name resolves to.
+//! - A local address to listen on must belong to a link; an unspecified one is pinned to the
+//!   home link when the rank has one link. A rank cabled to several peers (several links) and
+//!   a rank's *routed identity* (an address of its loopback interface that is not itself a
+//!   loopback address, which other hosts reach through routes, as a router's) are listened on
+//!   unpinned: such a listener serves every link, so each connection it accepts is checked
+//!   like a connecting socket (the route back to the peer must leave through a link) and
+//!   pinned to that link, or closed.
+//! - Store mode: rank 0 hosts the store on an address of a link or on its routed identity;
+//!   every other rank advertises the source address of its route to the store — the link's
+//!   own address or its routed identity, never whatever the host name resolves to — and
+//!   listens on it alone when it has one link, on every address (so that each peer reaches it
+//!   at its end of the cable between them) when it has several.
 
 use std::fmt;
 use std::io;
@@ -85,6 +92,9 @@ pub(crate) struct LinkMap {
     links: Vec<Interface>,
     seen: Vec<Interface>,
     home: usize,
+    /// The interface the kernel routes a destination through (`sys::route_interface`; tests
+    /// give their own), asked only when the route's source is a routed identity.
+    route_interface: fn(SocketAddr) -> Option<String>,
 }
 
 impl fmt::Debug for LinkMap {
@@ -115,6 +125,7 @@ impl LinkMap {
             links,
             seen,
             home: 0,
+            route_interface: crate::sys::route_interface,
         })
     }
 
@@ -165,6 +176,23 @@ impl LinkMap {
         self.links.iter().find(|l| l.addrs.contains(&ip))
     }
 
+    /// Whether `ip` is this host's routed identity (see the module docs): an address of the
+    /// interface that holds a loopback address, but not a loopback address itself.
+    fn is_routed_identity(&self, ip: IpAddr) -> bool {
+        !ip.is_loopback()
+            && self
+                .seen
+                .iter()
+                .any(|i| i.addrs.contains(&ip) && i.addrs.iter().any(|a| a.is_loopback()))
+    }
+
+    /// Whether a socket listening on `addr` serves several links and stays unpinned, its
+    /// accepted connections each checked and pinned instead (see the module docs).
+    fn listens_unpinned(&self, addr: SocketAddr) -> bool {
+        let ip = addr.ip();
+        (ip.is_unspecified() && self.links.len() > 1) || self.is_routed_identity(ip)
+    }
+
     /// The link a socket listening on the local address `addr` is pinned to.
     pub(crate) fn for_local(&self, addr: SocketAddr) -> std::result::Result<&Interface, String> {
         if addr.ip().is_unspecified() {
@@ -196,8 +224,14 @@ impl LinkMap {
     /// refuses it (an `InvalidInput` error saying why) when no Thunderbolt link fits.
     pub(crate) fn pin(&self, socket: &Socket, role: SocketRole) -> io::Result<()> {
         let link = match role {
+            SocketRole::Listen(addr) if self.listens_unpinned(addr) => {
+                tracing::debug!(%addr, "listening unpinned: every accepted connection is checked");
+                return Ok(());
+            }
             SocketRole::Listen(addr) => self.for_local(addr),
-            SocketRole::Connect(addr) => self.for_peer(addr, &kernel_route),
+            SocketRole::Connect(addr) | SocketRole::Accepted(addr) => {
+                self.for_peer(addr, &kernel_route)
+            }
             other => Err(format!("no pinning rule for a socket to {other:?}")),
         }
         .map_err(|why| io::Error::new(io::ErrorKind::InvalidInput, why))?;
@@ -223,6 +257,9 @@ impl LinkMap {
             }
         }
         let source = route(dest).map_err(|e| format!("no route to {dest}: {e}"))?;
+        if self.owner_of(source).is_none() && self.is_routed_identity(source) {
+            return self.by_route_interface(dest, source);
+        }
         self.owner_of(source).ok_or_else(|| {
             let via = self
                 .seen
@@ -231,7 +268,9 @@ impl LinkMap {
                 .map_or_else(|| "another interface".to_owned(), |i| i.name.clone());
             format!(
                 "the route to {dest} leaves through {via} (source address {source}), which is \
-                 not a Thunderbolt link in use (the links are {}); refusing to use it",
+                 not a Thunderbolt link in use (the links are {}); refusing to use it (name it in \
+                 RLX_TB_IFNAME beside the links, e.g. RLX_TB_IFNAME=thunderbolt,{via}, to let \
+                 this traffic use it)",
                 self.names()
             )
         })
@@ -285,17 +324,7 @@ pub(crate) fn plan(
                 .copied()
                 .ok_or_else(|| refuse("the rendezvous store has no address".to_owned()))?;
             if rank == 0 {
-                let link = map.for_local(store).map_err(|why| {
-                    refuse(format!(
-                        "rank 0 hosts the rendezvous store at {store}, which it cannot do over \
-                         Thunderbolt: {why}"
-                    ))
-                })?;
-                map.home = map.position(link);
-                return Ok(Plan {
-                    map,
-                    bind: Some(store.ip()),
-                });
+                return host_store(store, map);
             }
             let link = map.for_peer(store, route).map_err(|why| {
                 refuse(format!(
@@ -314,9 +343,18 @@ pub(crate) fn plan(
                         ))
                     })?
                 }
-                _ => route(store).map_err(|e| {
-                    refuse(format!("no route to the rendezvous store at {store}: {e}"))
-                })?,
+                _ => {
+                    let source = route(store).map_err(|e| {
+                        refuse(format!("no route to the rendezvous store at {store}: {e}"))
+                    })?;
+                    // One link: listen on its address alone. Several, or a routed identity:
+                    // `rlx-net` listens on every address and advertises this source.
+                    if map.links.len() > 1 || map.owner_of(source).is_none() {
+                        map.home = position;
+                        return Ok(Plan { map, bind: None });
+                    }
+                    source
+                }
             };
             map.home = position;
             Ok(Plan {
@@ -325,6 +363,49 @@ pub(crate) fn plan(
             })
         }
     }
+}
+
+impl LinkMap {
+    /// The link of a route whose source is the routed identity `source`: the interface the
+    /// kernel sends `dest` through, which must be a link.
+    fn by_route_interface(
+        &self,
+        dest: SocketAddr,
+        source: IpAddr,
+    ) -> std::result::Result<&Interface, String> {
+        let name = (self.route_interface)(dest).ok_or_else(|| {
+            format!(
+                "the route to {dest} starts at this host's routed identity {source}, and the \
+                 interface it leaves through cannot be read here"
+            )
+        })?;
+        self.links.iter().find(|l| l.name == name).ok_or_else(|| {
+            format!(
+                "the route to {dest} leaves through {name} (source address {source}), which is \
+                 not a Thunderbolt link in use (the links are {}); refusing to use it (name it in \
+                 RLX_TB_IFNAME beside the links, e.g. RLX_TB_IFNAME=thunderbolt,{name}, to \
+                 let this traffic use it)",
+                self.names()
+            )
+        })
+    }
+}
+
+/// Rank 0's side of store mode: the store at `store`, an address of a link (listened on
+/// alone when it is the only link) or the rank's routed identity (see the module docs).
+fn host_store(store: SocketAddr, mut map: LinkMap) -> Result<Plan> {
+    if map.is_routed_identity(store.ip()) {
+        return Ok(Plan { map, bind: None });
+    }
+    let link = map.for_local(store).map_err(|why| {
+        CollectiveError::config(format!(
+            "rank 0 hosts the rendezvous store at {store}, which it cannot do over \
+             Thunderbolt: {why}"
+        ))
+    })?;
+    map.home = map.position(link);
+    let bind = (map.links.len() == 1).then_some(store.ip());
+    Ok(Plan { map, bind })
 }
 
 #[cfg(test)]
@@ -437,16 +518,52 @@ mod tests {
         assert!(err.contains("no interface of this host"), "{err}");
     }
 
+    /// `host()` with thunderbolt1 alone as its link.
+    fn one_link_host() -> LinkMap {
+        let map = host();
+        let tb1 = map.links[1].clone();
+        LinkMap::new(vec![tb1], map.seen).unwrap()
+    }
+
+    /// `host()` with the routed identity 10.215.0.3 on `lo`, routed through thunderbolt1.
+    fn identity_host() -> LinkMap {
+        let mut map = host();
+        map.seen[0].addrs.push("10.215.0.3".parse().unwrap());
+        map.route_interface = |dest| {
+            let far = dest.ip().to_string();
+            far.starts_with("10.215.")
+                .then(|| "thunderbolt1".to_owned())
+        };
+        map
+    }
+
+    /// `route`, with the other identities of 10.215.0.0/24 leaving from this host's.
+    fn identity_route(dest: SocketAddr) -> io::Result<IpAddr> {
+        if dest.ip().to_string().starts_with("10.215.") {
+            return Ok("10.215.0.3".parse().unwrap());
+        }
+        route(dest)
+    }
+
     #[test]
     fn a_store_rank_advertises_its_link_address_and_rank_0_hosts_on_a_link() {
         let store = Resolved::Store(vec![sa("10.2.0.1:29500")]);
-        let p = plan(0, &store, host(), &route).unwrap();
+        let p = plan(0, &store, one_link_host(), &route).unwrap();
         assert_eq!(p.bind, Some("10.2.0.1".parse().unwrap()));
         assert_eq!(p.map.home().name, "thunderbolt1");
 
         let store = Resolved::Store(vec![sa("10.2.0.3:29500")]);
-        let p = plan(2, &store, host(), &route).unwrap();
+        let p = plan(2, &store, one_link_host(), &route).unwrap();
         assert_eq!(p.bind, Some("10.2.0.1".parse().unwrap()));
+        assert_eq!(p.map.home().name, "thunderbolt1");
+
+        // With several links, a rank listens on every address (its peers come over each).
+        let p = plan(2, &store, host(), &route).unwrap();
+        assert_eq!(p.bind, None);
+        assert_eq!(p.map.home().name, "thunderbolt1");
+        let store = Resolved::Store(vec![sa("10.2.0.1:29500")]);
+        let p = plan(0, &store, host(), &route).unwrap();
+        assert_eq!(p.bind, None);
         assert_eq!(p.map.home().name, "thunderbolt1");
 
         let link_local = Resolved::Store(vec![scoped("fe80::3", 29500, 4)]);
@@ -473,6 +590,40 @@ mod tests {
         let store = Resolved::Store(vec![sa("127.0.0.1:29500")]);
         let text = plan(0, &store, host(), &route).unwrap_err().to_string();
         assert!(text.contains("belongs to interface lo"), "{text}");
+    }
+
+    #[test]
+    fn a_routed_identity_is_listened_on_unpinned_and_its_routes_leave_by_their_interface() {
+        let map = identity_host();
+        assert!(map.listens_unpinned(sa("10.215.0.3:5")));
+        assert!(map.listens_unpinned(sa("0.0.0.0:5")));
+        assert!(!one_link_host().listens_unpinned(sa("0.0.0.0:5")));
+        assert!(!map.listens_unpinned(sa("127.0.0.1:5")));
+        assert!(!map.listens_unpinned(sa("10.2.0.1:5")));
+        // A peer's identity is reached through the interface its route leaves by.
+        let link = map.for_peer(sa("10.215.0.1:7"), &identity_route).unwrap();
+        assert_eq!(link.name, "thunderbolt1");
+        let mut blind = identity_host();
+        blind.route_interface = |_| Some("eth0".to_owned());
+        let err = blind
+            .for_peer(sa("10.215.0.1:7"), &identity_route)
+            .unwrap_err();
+        assert!(err.contains("leaves through eth0"), "{err}");
+        assert!(err.contains("RLX_TB_IFNAME=thunderbolt,eth0"), "{err}");
+        blind.route_interface = |_| None;
+        let err = blind
+            .for_peer(sa("10.215.0.1:7"), &identity_route)
+            .unwrap_err();
+        assert!(err.contains("cannot be read here"), "{err}");
+
+        // Rank 0 hosts the store on its identity; another rank advertises its own.
+        let store = Resolved::Store(vec![sa("10.215.0.3:29500")]);
+        let p = plan(0, &store, identity_host(), &identity_route).unwrap();
+        assert_eq!(p.bind, None);
+        let store = Resolved::Store(vec![sa("10.215.0.1:29500")]);
+        let p = plan(2, &store, identity_host(), &identity_route).unwrap();
+        assert_eq!(p.bind, None);
+        assert_eq!(p.map.home().name, "thunderbolt1");
     }
 
     #[test]
@@ -553,6 +704,20 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err}");
         assert_eq!(crate::pinned_interface(&stranger).unwrap(), None);
+        // An accepted connection is pinned to the link its peer is reached by, or refused.
+        let accepted = socket();
+        map.pin(&accepted, SocketRole::Accepted(sa("127.0.0.1:9")))
+            .unwrap();
+        assert_eq!(
+            crate::pinned_interface(&accepted).unwrap().as_deref(),
+            Some("lo")
+        );
+        let from_afar = socket();
+        let err = map
+            .pin(&from_afar, SocketRole::Accepted(sa("192.0.2.1:9")))
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err}");
+        assert_eq!(crate::pinned_interface(&from_afar).unwrap(), None);
     }
 
     #[test]

@@ -235,45 +235,7 @@ pub(crate) fn cluster_runs() -> Result<Vec<(String, ClusterArgs)>, String> {
     ));
     let netns = crate::netns::check_available();
     if netns.is_ok() {
-        runs.push((
-            "4 Thunderbolt ranks in network namespaces".to_owned(),
-            ClusterArgs {
-                ranks: 4,
-                world: WorldArgs {
-                    links: LinkArgs {
-                        netns: true,
-                        ..LinkArgs::default()
-                    },
-                    ..WorldArgs::over(TransportKind::Tb)
-                },
-                ..ClusterArgs::ci()
-            },
-        ));
-        for (topology, what) in [
-            (
-                "chain:0-2-1-3",
-                "a chain numbered against its cables (the far ranks through the ranks \
-                 between; the rings must follow the cables)",
-            ),
-            ("islands:2x2", "two islands of two joined by a switch"),
-            ("mesh+star", "a full mesh of cables with a switch alongside"),
-        ] {
-            runs.push((
-                format!("4 TCP ranks in network namespaces cabled as {what}"),
-                ClusterArgs {
-                    ranks: 4,
-                    world: WorldArgs {
-                        links: LinkArgs {
-                            netns: true,
-                            topology: topology.parse().map_err(|e| format!("{e}"))?,
-                            ..LinkArgs::default()
-                        },
-                        ..WorldArgs::tcp()
-                    },
-                    ..ClusterArgs::ci()
-                },
-            ));
-        }
+        runs.extend(cabled_runs()?);
         runs.push((
             "fault trials in network namespaces, 2 of each way to cut a link (the cable \
              pulled, every packet dropped)"
@@ -295,6 +257,56 @@ pub(crate) fn cluster_runs() -> Result<Vec<(String, ClusterArgs)>, String> {
     } else {
         let reason = netns.err().unwrap_or_default();
         skip("test-cluster --netns --transport tb", &reason)?;
+    }
+    Ok(runs)
+}
+
+/// The test-cluster runs over emulated cablings: the Thunderbolt bridge (a star), then every
+/// cabling over both TCP and Thunderbolt (the launcher names the Ethernet beside cables in
+/// `RLX_TB_IFNAME` for the latter, so islands are joined).
+fn cabled_runs() -> Result<Vec<(String, ClusterArgs)>, String> {
+    let over = |transport: TransportKind, topology: &str| -> Result<ClusterArgs, String> {
+        Ok(ClusterArgs {
+            ranks: 4,
+            world: WorldArgs {
+                links: LinkArgs {
+                    netns: true,
+                    topology: topology.parse().map_err(|e| format!("{e}"))?,
+                    ..LinkArgs::default()
+                },
+                ..WorldArgs::over(transport)
+            },
+            ..ClusterArgs::ci()
+        })
+    };
+    let mut runs = vec![(
+        "4 Thunderbolt ranks in network namespaces".to_owned(),
+        over(TransportKind::Tb, "star")?,
+    )];
+    let cablings = [
+        ("mesh", "a full mesh of cables"),
+        (
+            "ring",
+            "a ring of cables (the far ranks through the ranks between)",
+        ),
+        (
+            "chain:0-2-1-3",
+            "a chain numbered against its cables (the rings must follow the cables)",
+        ),
+        ("chain+star", "a chain with a switch alongside"),
+        ("islands:2x2", "two islands of two joined by a switch"),
+        ("mesh+star", "a full mesh of cables with a switch alongside"),
+    ];
+    for (topology, what) in cablings {
+        for (transport, name) in [
+            (TransportKind::Tcp, "TCP"),
+            (TransportKind::Tb, "Thunderbolt"),
+        ] {
+            runs.push((
+                format!("4 {name} ranks in network namespaces cabled as {what}"),
+                over(transport, topology)?,
+            ));
+        }
     }
     Ok(runs)
 }

@@ -247,6 +247,15 @@ impl Topology {
         }
     }
 
+    /// The switch's interface when it is laid beside cables (islands, or a `+star`), which
+    /// carries the traffic of ranks without a Thunderbolt path between them.
+    pub fn ethernet_ifname(&self) -> Option<&'static str> {
+        match self.plan.star {
+            Some((ifname, _)) if !self.plan.cables.is_empty() => Some(ifname),
+            _ => None,
+        }
+    }
+
     /// The cables and switch this topology was built from.
     pub fn plan(&self) -> &Plan {
         &self.plan

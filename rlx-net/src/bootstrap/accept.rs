@@ -19,7 +19,7 @@ use crate::handshake::{
 
 use super::config::{BootConfig, Link};
 use super::slots::{Slot, Slots};
-use super::socket::Deadline;
+use super::socket::{Deadline, vet_accepted};
 
 pub(super) fn log_refusal(rank: u32, from: Option<SocketAddr>, refusal: &Refusal) {
     let from = from.map_or_else(|| "an unknown address".to_owned(), |a| a.to_string());
@@ -118,6 +118,9 @@ pub(super) fn accept_all(
             unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 20) };
             for listener in listeners {
                 while let Ok((stream, from)) = listener.accept() {
+                    if !vet_accepted(cfg.socket_setup.as_ref(), cfg.rank, &stream, from) {
+                        continue;
+                    }
                     let Some(slot) = slots.admit(&stream, from) else {
                         continue;
                     };

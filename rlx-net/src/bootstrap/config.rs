@@ -19,6 +19,9 @@ pub enum SocketRole {
     Listen(SocketAddr),
     /// A socket about to connect to this address (a peer's listener, or the rendezvous store).
     Connect(SocketAddr),
+    /// A connection a listener accepted from this peer address, before anything is read from
+    /// it. An error from the hook closes the connection (logged at `warn`), as a stranger's is.
+    Accepted(SocketAddr),
 }
 
 /// The signature of a socket setup hook: it sees every socket bootstrap creates, before

@@ -21,6 +21,24 @@ pub(super) fn set_up(
     }
 }
 
+/// Runs the hook, when there is one, on a connection accepted from `from`, and says whether
+/// to keep it; a refused connection is shut down, and `rank` names who refused it in the log.
+pub(super) fn vet_accepted(
+    setup: Option<&SocketSetup>,
+    rank: u32,
+    stream: &TcpStream,
+    from: SocketAddr,
+) -> bool {
+    match set_up(setup, &SockRef::from(stream), SocketRole::Accepted(from)) {
+        Ok(()) => true,
+        Err(why) => {
+            tracing::warn!(rank, %from, %why, "closed an accepted connection the socket setup refused");
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+            false
+        }
+    }
+}
+
 /// A listener with `SO_REUSEADDR` on `addr`, set up by the hook before it is bound.
 pub(super) fn listen(addr: SocketAddr, setup: Option<&SocketSetup>) -> io::Result<TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
@@ -131,5 +149,44 @@ impl Read for Deadline<'_> {
             }
             other => other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// A hook that refuses accepted connections from port `refused` and lets every other
+    /// socket through.
+    fn refusing(refused: u16) -> SocketSetup {
+        SocketSetup(Arc::new(
+            move |_socket: &Socket, role: SocketRole| match role {
+                SocketRole::Accepted(from) if from.port() == refused => Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "came over the wrong interface",
+                )),
+                _ => Ok(()),
+            },
+        ))
+    }
+
+    #[test]
+    fn an_accepted_connection_the_hook_refuses_is_closed_and_others_kept() {
+        let listener = listen("127.0.0.1:0".parse().unwrap(), None).unwrap();
+        listener.set_nonblocking(false).unwrap();
+        let at = listener.local_addr().unwrap();
+        let mut refused = TcpStream::connect(at).unwrap();
+        let (stream, from) = listener.accept().unwrap();
+        let setup = refusing(from.port());
+        assert!(!vet_accepted(Some(&setup), 0, &stream, from));
+        // The refused side reads the end of the stream, not silence.
+        let mut byte = [0u8; 1];
+        assert_eq!(refused.read(&mut byte).unwrap(), 0);
+
+        let _kept = TcpStream::connect(at).unwrap();
+        let (stream, from) = listener.accept().unwrap();
+        assert!(vet_accepted(Some(&setup), 0, &stream, from));
+        assert!(vet_accepted(None, 0, &stream, from));
     }
 }

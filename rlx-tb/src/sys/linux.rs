@@ -1,10 +1,12 @@
 //! Linux: Thunderbolt links from sysfs (driver `thunderbolt-net`, or a `thunderbolt*` name),
-//! addresses from `getifaddrs`, pinning with `SO_BINDTODEVICE`.
+//! addresses from `getifaddrs`, pinning with `SO_BINDTODEVICE`, the interface of an IPv4 route
+//! from `/proc/self/net/route` (the main table of the thread's namespace).
 //!
 //! sysfs shows the network namespace of whoever mounted it, so inside a namespace run the
 //! process under `ip netns exec`, which mounts a matching sysfs.
 
 use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 
 use rlx_transport::interfaces::{self, InterfaceAddress};
@@ -141,10 +143,84 @@ pub(crate) fn pinned_interface(socket: &Socket) -> Result<Option<String>> {
     Ok(device.map(|name| String::from_utf8_lossy(&name).into_owned()))
 }
 
+/// The contract's `route_interface`: the longest-prefix IPv4 route of the main table that is
+/// up, the lowest metric first among equals; `None` for IPv6 or when the table is unreadable.
+pub(crate) fn route_interface(dest: SocketAddr) -> Option<String> {
+    let IpAddr::V4(v4) = dest.ip() else {
+        return None;
+    };
+    let table = std::fs::read_to_string("/proc/self/net/route").ok()?;
+    ipv4_route_interface(&table, v4)
+}
+
+/// The interface `table` (the text of `/proc/net/route`) routes `dest` through. The kernel
+/// prints each address as the hexadecimal of its in-memory (network order) 32-bit word, so
+/// the bytes of the parsed number in native order are the address.
+pub(crate) fn ipv4_route_interface(table: &str, dest: Ipv4Addr) -> Option<String> {
+    const RTF_UP: u32 = 0x1;
+    let word = |field: &str| u32::from_str_radix(field, 16).ok();
+    let address = |field: &str| word(field).map(|w| Ipv4Addr::from(w.to_ne_bytes()));
+    let mut best: Option<(u32, u32, &str)> = None;
+    for line in table.lines().skip(1) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [
+            iface,
+            destination,
+            _gateway,
+            flags,
+            _refcnt,
+            _use,
+            metric,
+            mask,
+            ..,
+        ] = fields.as_slice()
+        else {
+            continue;
+        };
+        let (Some(network), Some(flags), Some(metric), Some(mask)) = (
+            address(destination),
+            word(flags),
+            metric.parse::<u32>().ok(),
+            address(mask),
+        ) else {
+            continue;
+        };
+        let mask = u32::from(mask);
+        if flags & RTF_UP == 0 || u32::from(dest) & mask != u32::from(network) & mask {
+            continue;
+        }
+        let prefix = mask.count_ones();
+        let better = best.is_none_or(|(p, m, _)| prefix > p || (prefix == p && metric < m));
+        if better {
+            best = Some((prefix, metric, iface));
+        }
+    }
+    best.map(|(_, _, iface)| (*iface).to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::path::PathBuf;
+
+    #[test]
+    fn the_route_table_names_the_interface_of_the_longest_prefix() {
+        let table = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+                     eth0\t00000000\t0101A8C0\t0003\t0\t0\t100\t00000000\t0\t0\t0\n\
+                     thunderbolt0\t0000D60A\t00000000\t0001\t0\t0\t0\tFCFFFFFF\t0\t0\t0\n\
+                     thunderbolt1\t0100D70A\t0100D60A\t0007\t0\t0\t0\tFFFFFFFF\t0\t0\t0\n\
+                     thunderbolt2\t0200D70A\t0100D60A\t0006\t0\t0\t0\tFFFFFFFF\t0\t0\t0\n";
+        let via = |ip: &str| ipv4_route_interface(table, ip.parse().unwrap());
+        assert_eq!(via("10.215.0.1").as_deref(), Some("thunderbolt1"));
+        assert_eq!(via("10.214.0.2").as_deref(), Some("thunderbolt0"));
+        // A route that is not up is passed over for the default.
+        assert_eq!(via("10.215.0.2").as_deref(), Some("eth0"));
+        assert_eq!(via("8.8.8.8").as_deref(), Some("eth0"));
+        assert_eq!(
+            ipv4_route_interface("Iface\n", "1.2.3.4".parse().unwrap()),
+            None
+        );
+    }
 
     /// A fake `/sys` tree in the temporary directory, removed on drop.
     struct FakeSysfs {

@@ -211,6 +211,12 @@ mod system {
         }
     }
 
+    /// The contract's `route_interface`: not read on macOS (it would take a routing socket),
+    /// so a rank whose route source is a routed identity is refused there, as before.
+    pub(crate) fn route_interface(_dest: std::net::SocketAddr) -> Option<String> {
+        None
+    }
+
     /// The contract's `pinned_interface`: reads `IP_BOUND_IF` / `IPV6_BOUND_IF` back.
     pub(crate) fn pinned_interface(socket: &Socket) -> Result<Option<String>> {
         let index = if is_ipv6(socket)? {
@@ -224,7 +230,7 @@ mod system {
 }
 
 #[cfg(target_os = "macos")]
-pub(crate) use system::{list_interfaces, pin_socket, pinned_interface};
+pub(crate) use system::{list_interfaces, pin_socket, pinned_interface, route_interface};
 
 #[cfg(test)]
 mod tests {

@@ -10,6 +10,10 @@
 //!   `IPV6_BOUND_IF` on macOS). Called before `bind`/`connect`.
 //! - `pinned_interface(&Socket) -> Result<Option<String>>`: reads the binding back, for checks
 //!   and diagnostics.
+//! - `route_interface(SocketAddr) -> Option<String>`: the interface the kernel's main routing
+//!   table sends a destination through, where the OS tells it cheaply; `None` otherwise. Only
+//!   needed when the route's source address is a routed identity (on no link), which says
+//!   nothing of the way out.
 //!
 //! Every function returns [`CollectiveError`](rlx_transport::CollectiveError): `Io` for a failed
 //! system call (naming it), `Unsupported` where the OS cannot do it.
@@ -39,8 +43,8 @@ pub(crate) mod unix;
 pub(crate) mod unsupported;
 
 #[cfg(target_os = "linux")]
-pub(crate) use linux::{list_interfaces, pin_socket, pinned_interface};
+pub(crate) use linux::{list_interfaces, pin_socket, pinned_interface, route_interface};
 #[cfg(target_os = "macos")]
-pub(crate) use macos::{list_interfaces, pin_socket, pinned_interface};
+pub(crate) use macos::{list_interfaces, pin_socket, pinned_interface, route_interface};
 #[cfg(not(any(target_os = "linux", target_os = "macos")))]
-pub(crate) use unsupported::{list_interfaces, pin_socket, pinned_interface};
+pub(crate) use unsupported::{list_interfaces, pin_socket, pinned_interface, route_interface};

@@ -30,3 +30,8 @@ pub(crate) fn pin_socket(_socket: &Socket, interface: &Interface) -> Result<()> 
 pub(crate) fn pinned_interface(_socket: &Socket) -> Result<Option<String>> {
     Err(unsupported("reading a socket's interface binding"))
 }
+
+/// The contract's `route_interface`: nothing is known.
+pub(crate) fn route_interface(_dest: std::net::SocketAddr) -> Option<String> {
+    None
+}

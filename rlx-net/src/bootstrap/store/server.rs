@@ -19,7 +19,7 @@ use crate::bootstrap::accept::{log_refusal, missing_ranks_timeout};
 use crate::bootstrap::address::public_address;
 use crate::bootstrap::config::BootConfig;
 use crate::bootstrap::slots::Slots;
-use crate::bootstrap::socket::{Deadline, listen, unspecified};
+use crate::bootstrap::socket::{Deadline, listen, unspecified, vet_accepted};
 
 /// Rank 0: hosts the store until every rank registered, answers everyone with the table, and
 /// returns it.
@@ -78,6 +78,9 @@ pub(in crate::bootstrap) fn serve_store(
             // SAFETY: one valid pollfd for the duration of the call.
             unsafe { libc::poll(fd.as_mut_ptr(), 1, 20) };
             while let Ok((stream, from)) = listener.accept() {
+                if !vet_accepted(cfg.socket_setup.as_ref(), 0, &stream, from) {
+                    continue;
+                }
                 let Some(slot) = slots.admit(&stream, from) else {
                     continue;
                 };
