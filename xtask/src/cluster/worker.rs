@@ -196,7 +196,7 @@ pub(crate) fn run(args: &RankArgs) -> Result<(), String> {
     };
     if let Some(most) = args.routed_ring_hops {
         for group in &groups {
-            if let Err(message) = cabling_checks::check(group, most) {
+            if let Err(message) = cabling_checks::check(group, most, args.transport) {
                 report_failed("cabling", &message);
                 return Err(message);
             }
