@@ -265,7 +265,24 @@ impl World {
         let needs_hostfile =
             config.transport == TransportKind::Mlx || config.rendezvous == Rendezvous::Hostfile;
         let hostfile = if needs_hostfile && config.transport != TransportKind::Mem {
-            Some(write_hostfile(&addresses)?)
+            let entries: Vec<Vec<String>> = match (&topology, config.transport) {
+                // On cables, each rank lists every address a user's hostfile would: its cable
+                // ends, its switch address, its routed identity; each peer picks its way.
+                (Some(topology), TransportKind::Tcp | TransportKind::Tb) => (0..config.size)
+                    .map(|rank| {
+                        let addresses = topology.addresses_of(rank);
+                        addresses
+                            .iter()
+                            .map(|a| format!("{a}:{NETNS_PORT}"))
+                            .collect()
+                    })
+                    .collect(),
+                _ => addresses
+                    .iter()
+                    .map(|(host, port)| vec![format!("{host}:{port}")])
+                    .collect(),
+            };
+            Some(write_hostfile(&entries)?)
         } else {
             None
         };
@@ -394,14 +411,10 @@ impl Drop for World {
     }
 }
 
-/// Writes an MLX-style hostfile (one `["host:port"]` list per rank) into the temporary
+/// Writes an MLX-style hostfile (one list of `"host:port"` per rank) into the temporary
 /// directory.
-fn write_hostfile(addresses: &[(String, u16)]) -> Result<PathBuf, String> {
-    let entries: Vec<Vec<String>> = addresses
-        .iter()
-        .map(|(host, port)| vec![format!("{host}:{port}")])
-        .collect();
-    let text = serde_json::to_string(&entries)
+fn write_hostfile(entries: &[Vec<String>]) -> Result<PathBuf, String> {
+    let text = serde_json::to_string(entries)
         .map_err(|e| format!("could not encode the hostfile: {e}"))?;
     // The counter keeps apart the worlds one process prepares side by side.
     static PREPARED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);

@@ -81,8 +81,7 @@ fn check_declared_cabling(group: &ProcessGroup) -> Result<()> {
         if group.rank() == 0 {
             tracing::warn!(
                 "{CABLING_VAR}={declared}, but this transport reports no link matrix (a \
-                 hostfile rendezvous, or a backend that does not learn the links): the \
-                 cabling is not checked"
+                 backend that does not learn the links): the cabling is not checked"
             );
         }
         return Ok(());

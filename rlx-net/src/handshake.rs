@@ -30,8 +30,10 @@ pub(crate) const MAGIC: [u8; 8] = *b"RLXTCP\r\n";
 /// may switch to it (frame kind 7). 7: a failure notice is 25 bytes instead of 17 (a length
 /// mismatch says what its sender passed). 8: a store registration and the store's table list
 /// each rank's networks after its addresses. 9: and then whether the rank listens on every
-/// address of its host.
-pub(crate) const PROTOCOL_VERSION: u32 = 9;
+/// address of its host. 10: after a hostfile rendezvous, once every link is up, each rank
+/// sends every peer its networks on link 0 (a count, then each network as a registration
+/// lists it) before any frame.
+pub(crate) const PROTOCOL_VERSION: u32 = 10;
 /// Encoded size of a [`Hello`].
 pub(crate) const HELLO_LEN: usize = 72;
 /// Encoded size of a [`Reply`] without its reason text.

@@ -221,6 +221,7 @@ fn oversized_frame_after_handshake() {
         0,
         "accepted"
     );
+    common::exchange_networks(&mut s);
     let mut frame = [0u8; 48];
     frame[0] = 1;
     frame[24..32].copy_from_slice(&1_048_577u64.to_le_bytes());

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use common::in_process::{all_reduce_is_exact, build, free_ports, joined, loopback};
 use common::observed::{RssBound, log, logged, serial};
-use common::{PROTOCOL_VERSION, hello, job_digest};
+use common::{PROTOCOL_VERSION, exchange_networks, hello, job_digest};
 use rlx_net::{SocketRole, TcpTransport, TcpTransportBuilder};
 use rlx_transport::{CollectiveError, Tag, Transport};
 
@@ -525,6 +525,7 @@ fn world_with_a_hostile_rank(
             s.read_exact(&mut reply).expect("the reply");
             assert_eq!(&reply[12..16], &[0; 4], "the hostile rank 2 is accepted");
             s.set_read_timeout(None).expect("no read timeout");
+            exchange_networks(&mut s);
             s
         })
         .collect();

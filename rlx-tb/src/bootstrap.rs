@@ -95,6 +95,9 @@ pub(crate) struct LinkMap {
     /// The interface the kernel routes a destination through (`sys::route_interface`; tests
     /// give their own), asked only when the route's source is a routed identity.
     route_interface: fn(SocketAddr) -> Option<String>,
+    /// The addresses of a peer's hostfile entry that are used
+    /// (`rlx_transport::hostfile::usable_from_here`; tests give their own).
+    usable: fn(&[SocketAddr]) -> Vec<SocketAddr>,
 }
 
 impl fmt::Debug for LinkMap {
@@ -126,6 +129,7 @@ impl LinkMap {
             seen,
             home: 0,
             route_interface: crate::sys::route_interface,
+            usable: rlx_transport::hostfile::usable_from_here,
         })
     }
 
@@ -287,37 +291,7 @@ pub(crate) fn plan(
 ) -> Result<Plan> {
     let refuse = |what: String| CollectiveError::config(what);
     match resolved {
-        Resolved::Hostfile(table) => {
-            let mine = table.get(rank as usize).ok_or_else(|| {
-                refuse(format!(
-                    "the hostfile lists {} ranks, so rank {rank} has no entry",
-                    table.len()
-                ))
-            })?;
-            for (i, addr) in mine.iter().enumerate() {
-                let link = map.for_local(*addr).map_err(|why| {
-                    refuse(format!(
-                        "rank {rank} cannot listen on its hostfile address {addr}: {why}"
-                    ))
-                })?;
-                if i == 0 {
-                    map.home = map.position(link);
-                }
-            }
-            for (peer, entry) in table.iter().enumerate() {
-                if peer == rank as usize {
-                    continue;
-                }
-                for addr in entry {
-                    map.for_peer(*addr, route).map_err(|why| {
-                        refuse(format!(
-                            "rank {rank} cannot reach rank {peer} at {addr} over Thunderbolt: {why}"
-                        ))
-                    })?;
-                }
-            }
-            Ok(Plan { map, bind: None })
-        }
+        Resolved::Hostfile(table) => plan_hostfile(rank, table, map, route),
         Resolved::Store(master) => {
             let store = master
                 .first()
@@ -391,6 +365,50 @@ impl LinkMap {
     }
 }
 
+/// The hostfile side of [`plan`]: this rank listens on each of its own addresses (pinned to
+/// the link that owns it, or unpinned on its routed identity), and reaches each peer at the
+/// addresses of its entry that rlx-net will use (`rlx_transport::hostfile`), each over a link.
+fn plan_hostfile(
+    rank: u32,
+    table: &[Vec<SocketAddr>],
+    mut map: LinkMap,
+    route: &dyn Fn(SocketAddr) -> io::Result<IpAddr>,
+) -> Result<Plan> {
+    let refuse = |what: String| CollectiveError::config(what);
+    let mine = table.get(rank as usize).ok_or_else(|| {
+        refuse(format!(
+            "the hostfile lists {} ranks, so rank {rank} has no entry",
+            table.len()
+        ))
+    })?;
+    for (i, addr) in mine.iter().enumerate() {
+        if map.is_routed_identity(addr.ip()) {
+            continue;
+        }
+        let link = map.for_local(*addr).map_err(|why| {
+            refuse(format!(
+                "rank {rank} cannot listen on its hostfile address {addr}: {why}"
+            ))
+        })?;
+        if i == 0 {
+            map.home = map.position(link);
+        }
+    }
+    for (peer, entry) in table.iter().enumerate() {
+        if peer == rank as usize {
+            continue;
+        }
+        for addr in (map.usable)(entry) {
+            map.for_peer(addr, route).map_err(|why| {
+                refuse(format!(
+                    "rank {rank} cannot reach rank {peer} at {addr} over Thunderbolt: {why}"
+                ))
+            })?;
+        }
+    }
+    Ok(Plan { map, bind: None })
+}
+
 /// Rank 0's side of store mode: the store at `store`, an address of a link (listened on
 /// alone when it is the only link) or the rank's routed identity (see the module docs).
 fn host_store(store: SocketAddr, mut map: LinkMap) -> Result<Plan> {
@@ -428,7 +446,11 @@ mod tests {
         let tb1 = iface("thunderbolt1", 5, &["10.2.0.1", "fe80::11"], true);
         let eth = iface("eth0", 2, &["192.168.1.9", "fe80::99"], false);
         let lo = iface("lo", 1, &["127.0.0.1"], false);
-        LinkMap::new(vec![tb0.clone(), tb1.clone()], vec![lo, eth, tb0, tb1]).unwrap()
+        let mut map =
+            LinkMap::new(vec![tb0.clone(), tb1.clone()], vec![lo, eth, tb0, tb1]).unwrap();
+        // Every listed address is used, whatever this test host's own networks are.
+        map.usable = <[SocketAddr]>::to_vec;
+        map
     }
 
     /// Routes by /24: 10.1.0.x through thunderbolt0, 10.2.0.x through thunderbolt1, the rest
@@ -624,6 +646,30 @@ mod tests {
         let p = plan(2, &store, identity_host(), &identity_route).unwrap();
         assert_eq!(p.bind, None);
         assert_eq!(p.map.home().name, "thunderbolt1");
+    }
+
+    #[test]
+    fn a_hostfile_of_cable_ends_checks_only_the_addresses_used() {
+        // Rank 0 lists its cable end and its routed identity; rank 1 lists an end on a cable
+        // rank 0 is not on (10.9.0.0/24, routed through eth0 here) and one it shares.
+        let table = Resolved::Hostfile(vec![
+            vec![sa("10.2.0.1:5000"), sa("10.215.0.3:5000")],
+            vec![sa("10.9.0.2:5000"), sa("10.2.0.7:5000")],
+        ]);
+        let mut map = identity_host();
+        map.usable = |entry| {
+            let shared = entry
+                .iter()
+                .filter(|a| a.ip().to_string().starts_with("10.2."));
+            shared.copied().collect()
+        };
+        let p = plan(0, &table, map, &identity_route).unwrap();
+        assert_eq!(p.map.home().name, "thunderbolt1");
+        // Every listed address, if it were used, would take rank 1's far one through eth0.
+        let text = plan(0, &table, identity_host(), &identity_route)
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("rank 1 at 10.9.0.2:5000"), "{text}");
     }
 
     #[test]

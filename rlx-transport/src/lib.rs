@@ -49,6 +49,7 @@ mod error;
 mod failure;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod hostfile;
 pub mod ifname;
 pub mod inbox;
 pub mod interfaces;

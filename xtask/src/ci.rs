@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::cluster::{ClusterArgs, Scenario};
 use crate::cmd::{cargo, mlx_python, run_step, workspace_root};
 use crate::launch::{self, LaunchArgs};
-use crate::world::{LinkArgs, ProcessWorldArgs, TransportKind, WorldArgs};
+use crate::world::{LinkArgs, ProcessWorldArgs, Rendezvous, TransportKind, WorldArgs};
 use crate::{bench, cluster, downstream, loom, macos, sanitize};
 
 /// Flags of `cargo xtask ci`.
@@ -307,6 +307,23 @@ fn cabled_runs() -> Result<Vec<(String, ClusterArgs)>, String> {
                 over(transport, topology)?,
             ));
         }
+    }
+    // A hostfile listing every address of each rank: each pair must meet on its own cable,
+    // and the ranks must learn the matrix without a store.
+    for (transport, topology, what) in [
+        (TransportKind::Tcp, "ring", "TCP ranks on a ring"),
+        (
+            TransportKind::Tb,
+            "chain:0-2-1-3",
+            "Thunderbolt ranks on a misnumbered chain",
+        ),
+    ] {
+        let mut args = over(transport, topology)?;
+        args.world.links.rendezvous = Rendezvous::Hostfile;
+        runs.push((
+            format!("4 {what}, meeting through a hostfile of every rank's addresses"),
+            args,
+        ));
     }
     Ok(runs)
 }

@@ -237,6 +237,21 @@ impl Topology {
         }
     }
 
+    /// Every address of `rank`, as a hostfile lists them: its links' (cables, then the
+    /// switch), then its identity when there are cables.
+    pub fn addresses_of(&self, rank: u32) -> Vec<Ipv4Addr> {
+        let mut addresses: Vec<Ipv4Addr> = self
+            .plan
+            .links_of(rank)
+            .into_iter()
+            .map(|link| link.address)
+            .collect();
+        if !self.plan.cables.is_empty() {
+            addresses.push(identity_address(rank));
+        }
+        addresses
+    }
+
     /// The interface a rank must advertise its address on, when there is one: the switch's
     /// when it is the only link; none when there are cables (the identity on `lo` is reached
     /// by routes, and the route to rank 0's identity names it as the source).

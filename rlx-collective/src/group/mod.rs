@@ -300,8 +300,8 @@ impl ProcessGroup {
 
     /// The link matrix of this group's members, indexed by group rank: which of them a cable
     /// joins, which a switch, which only a route through other machines, and the addresses
-    /// at each end. `None` when the transport does not know (threads, MLX, a hostfile
-    /// rendezvous, a world that grew).
+    /// at each end. `None` when the transport does not know (threads, MLX, a world that
+    /// grew).
     ///
     /// # Examples
     ///

@@ -66,8 +66,8 @@ pub(crate) struct BootConfig {
 pub(crate) struct Established {
     pub(crate) links: Vec<Vec<TcpStream>>,
     pub(crate) addrs: Vec<Option<SocketAddr>>,
-    /// The link matrix, from the networks every rank registered in the store; `None` for a
-    /// hostfile rendezvous, which lists no networks.
+    /// The link matrix, from the networks every rank registered in the store or, with a
+    /// hostfile, sent every peer once its links were up.
     pub(crate) topology: Option<Topology>,
 }
 

@@ -105,13 +105,16 @@ pub(crate) fn establish(cfg: &BootConfig) -> Result<Established, CollectiveError
         Rendezvous::Hostfile(entries) => by_hostfile(cfg, entries)?,
         Rendezvous::Store { host, port } => by_store(cfg, host, *port, instance, deadline)?,
     };
-    let established = link_all(cfg, met, instance, deadline)?;
+    let mut established = link_all(cfg, met, instance, deadline)?;
+    if established.topology.is_none() {
+        established.topology = Some(networks::exchange(cfg.rank, &established.links, deadline)?);
+    }
     tracing::info!(elapsed = ?started.elapsed(), "every link is up");
     Ok(established)
 }
 
-/// Rendezvous through a hostfile: every rank's addresses as listed, and this rank's listeners
-/// on its own.
+/// Rendezvous through a hostfile: every peer's addresses as listed, the ones this host reaches
+/// best ([`rlx_transport::hostfile`]), and this rank's listeners on every one of its own.
 fn by_hostfile(cfg: &BootConfig, entries: &[Vec<String>]) -> Result<Rendezvoused, CollectiveError> {
     if entries.len() != cfg.world as usize {
         return Err(CollectiveError::config(format!(
@@ -121,10 +124,15 @@ fn by_hostfile(cfg: &BootConfig, entries: &[Vec<String>]) -> Result<Rendezvoused
         )));
     }
     let mut table = Vec::with_capacity(entries.len());
-    for entry in entries {
+    for (rank, entry) in (0u32..).zip(entries) {
         let mut addrs = Vec::new();
         for a in entry {
             addrs.push(resolve(a)?[0]);
+        }
+        // A peer's links go to the addresses of its entry this host reaches best; its own
+        // are all listened on.
+        if rank != cfg.rank {
+            addrs = rlx_transport::hostfile::usable_from_here(&addrs);
         }
         table.push(addrs);
     }

@@ -11,13 +11,15 @@
 //! there is one, and at its address in a network the two share when the advertised one is in
 //! none of this rank's networks (only routes lead there); see [`connect_addresses`].
 
-use std::net::{IpAddr, SocketAddr};
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
 
 use rlx_transport::interfaces::{self, InterfaceAddress};
 use rlx_transport::topology::{Link, Subnet};
-use rlx_transport::{Reach, Topology};
+use rlx_transport::{CollectiveError, Reach, Topology};
 
-use super::store::Registration;
+use super::store::{Registration, encode_networks, read_networks};
 
 /// The networks of this host's interfaces that are up, as the store should list them.
 pub(super) fn of_this_host() -> Vec<Subnet> {
@@ -43,6 +45,59 @@ fn joining(entries: &[InterfaceAddress]) -> Vec<Subnet> {
         }
     }
     out
+}
+
+/// The link matrix of a hostfile rendezvous, which lists no networks: every rank sends its
+/// networks to every peer on link 0 of `links` (one short message each, which the socket
+/// buffers hold, so no rank waits on another's reading) and reads theirs, by `deadline`.
+pub(super) fn exchange(
+    me: u32,
+    links: &[Vec<TcpStream>],
+    deadline: Instant,
+) -> Result<Topology, CollectiveError> {
+    let mine = of_this_host();
+    let message = encode_networks(&mine);
+    let peers = || (0u32..).zip(links).filter(|(peer, _)| *peer != me);
+    for (peer, link) in peers() {
+        let mut stream = first_link(peer, link)?;
+        stream
+            .write_all(&message)
+            .map_err(|e| exchange_error(peer, "sending this rank's networks to", e))?;
+    }
+    let mut networks = vec![Vec::new(); links.len()];
+    networks[me as usize] = mine;
+    for (peer, link) in peers() {
+        let stream = first_link(peer, link)?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        stream
+            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .and_then(|()| read_networks(&mut &*stream))
+            .and_then(|theirs| {
+                stream.set_read_timeout(None)?;
+                networks[peer as usize] = theirs;
+                Ok(())
+            })
+            .map_err(|e| exchange_error(peer, "reading the networks of", e))?;
+    }
+    let topology = Topology::from_networks(&networks);
+    tracing::debug!(
+        ?topology,
+        "the link matrix from the networks the ranks exchanged"
+    );
+    Ok(topology)
+}
+
+fn first_link(peer: u32, link: &[TcpStream]) -> Result<&TcpStream, CollectiveError> {
+    link.first().ok_or_else(|| {
+        CollectiveError::config(format!("no link to rank {peer} to exchange networks on"))
+    })
+}
+
+fn exchange_error(peer: u32, what: &str, e: std::io::Error) -> CollectiveError {
+    CollectiveError::Io {
+        peer: Some(peer),
+        source: std::io::Error::new(e.kind(), format!("{what} rank {peer}: {e}")),
+    }
 }
 
 /// The link matrix of the ranks of `table` (in rank order), logged at `debug`.

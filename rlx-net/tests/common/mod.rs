@@ -361,7 +361,7 @@ pub(crate) fn describe(e: &CollectiveError) -> String {
 }
 
 /// The wire protocol version the tests' hand-made hellos and registrations speak.
-pub(crate) const PROTOCOL_VERSION: u32 = 9;
+pub(crate) const PROTOCOL_VERSION: u32 = 10;
 
 /// The 16-byte digest of the job id `job`, as the handshake sends it.
 pub(crate) fn job_digest(job: &str) -> [u8; 16] {
@@ -382,6 +382,22 @@ pub(crate) fn hello(job: &str, world: u32, rank: u32) -> [u8; 72] {
     h[36..40].copy_from_slice(&rank.to_le_bytes());
     h[44..48].copy_from_slice(&1u32.to_le_bytes());
     h
+}
+
+/// What a hand-made rank of a hostfile rendezvous does once its link is accepted and before
+/// any frame: it sends its networks (none) and reads the real rank's (a count, then each
+/// network as its family, its octets and its prefix length), as `src/handshake.rs` says.
+pub(crate) fn exchange_networks(link: &mut std::net::TcpStream) {
+    use std::io::Write;
+    link.write_all(&[0]).expect("this rank's networks");
+    let mut count = [0u8; 1];
+    link.read_exact(&mut count).expect("the rank's networks");
+    for _ in 0..count[0] {
+        let mut family = [0u8; 1];
+        link.read_exact(&mut family).expect("a network's family");
+        let mut rest = vec![0u8; if family[0] == 4 { 4 } else { 16 } + 1];
+        link.read_exact(&mut rest).expect("a network");
+    }
 }
 
 /// Waits until at least `n` connections to the local `port` are established (read from

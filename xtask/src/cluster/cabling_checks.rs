@@ -2,13 +2,14 @@
 //! the transport learned the cabling (every cable the launcher laid, as `RLX_CABLING`
 //! declares it, is in the link matrix), that the rings follow the cables, and that `Auto`
 //! picks the plan made for the shape (direct on a mesh, two levels on islands, both ways
-//! along a chain, a ring elsewhere) for a large all-reduce. Over Thunderbolt, also that every
-//! TCP socket of the rank is pinned to one of its links, as `ss` reads them back.
+//! along a chain, a ring elsewhere) for a large all-reduce. From the sockets `ss` lists: that
+//! each cabled peer is connected over its cable, and over Thunderbolt that every socket is
+//! pinned to one of the rank's links.
 
 use std::process::Command;
 
 use rlx_collective::cabling::{Cabling, Shape};
-use rlx_collective::{CABLING_VAR, ProcessGroup, ReduceKind};
+use rlx_collective::{CABLING_VAR, ProcessGroup, Reach, ReduceKind};
 
 use crate::world::TransportKind;
 
@@ -23,8 +24,10 @@ pub(super) fn check(
     transport: TransportKind,
 ) -> Result<(), String> {
     rings_follow_cables(group, most)?;
+    let sockets = sockets()?;
+    cables_carry_their_pairs(group, &sockets)?;
     if transport == TransportKind::Tb {
-        sockets_pinned_to_links()?;
+        pinned_to_links(&sockets)?;
     }
     let Some(text) = std::env::var(CABLING_VAR).ok() else {
         return Ok(());
@@ -67,42 +70,101 @@ fn rings_follow_cables(group: &ProcessGroup, most: usize) -> Result<(), String> 
     Ok(())
 }
 
-/// Whether every TCP socket `ss` lists is pinned to a Thunderbolt link (`addr%link:port`).
-/// Each rank of an emulated cabling has a network namespace of its own, so those are this
-/// rank's sockets: its links to every peer and what is left of the rendezvous. (Seen to fail
-/// over TCP, whose sockets are not pinned.)
-fn sockets_pinned_to_links() -> Result<(), String> {
+/// One TCP socket as `ss -tanH` lists it.
+struct Socket {
+    state: String,
+    /// The local address without its port, and the interface it is pinned to (`%dev`).
+    local: String,
+    device: Option<String>,
+    /// The peer's address without its port.
+    peer: String,
+}
+
+/// This rank's TCP sockets. Each rank of an emulated cabling has a network namespace of its
+/// own, so `ss` lists this rank's alone: its links to every peer and what is left of the
+/// rendezvous.
+fn sockets() -> Result<Vec<Socket>, String> {
+    let out = Command::new("ss")
+        .arg("-tanH")
+        .output()
+        .map_err(|e| format!("ss, to read the sockets back: {e}"))?;
+    let host = |address: &str| {
+        let without_port = address.rsplit_once(':').map_or(address, |(a, _)| a);
+        let bare = without_port.trim_start_matches('[').trim_end_matches(']');
+        match bare.split_once('%') {
+            Some((ip, device)) => (ip.to_owned(), Some(device.to_owned())),
+            None => (bare.to_owned(), None),
+        }
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(
+            |line| match line.split_whitespace().collect::<Vec<_>>()[..] {
+                [state, _, _, local, peer, ..] => {
+                    let (local, device) = host(local);
+                    Ok(Socket {
+                        state: state.to_owned(),
+                        local,
+                        device,
+                        peer: host(peer).0,
+                    })
+                }
+                _ => Err(format!("an unreadable ss line: {line:?}")),
+            },
+        )
+        .collect()
+}
+
+/// Whether every cabled peer's connection runs over the cable between the two (this rank's
+/// end to the peer's), whatever address the rendezvous gave (seen to fail when the far
+/// ranks' identities were used instead).
+fn cables_carry_their_pairs(group: &ProcessGroup, sockets: &[Socket]) -> Result<(), String> {
+    let Some(topology) = group.topology() else {
+        return Ok(());
+    };
+    let me = group.rank();
+    for peer in (0..group.world_size()).filter(|&p| p != me) {
+        let Some(link) = topology.link(me, peer).filter(|l| l.reach == Reach::Cable) else {
+            continue;
+        };
+        let (Some(local), Some(remote)) = (link.local, link.remote) else {
+            continue;
+        };
+        let over_cable = sockets.iter().any(|s| {
+            s.state == "ESTAB" && s.local == local.to_string() && s.peer == remote.to_string()
+        });
+        if !over_cable {
+            return Err(format!(
+                "no connection to rank {peer} over the cable between the two ({local} to \
+                 {remote})"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether every socket is pinned to a Thunderbolt link (`addr%link:port` in `ss`; seen to
+/// fail over TCP, whose sockets are not pinned).
+fn pinned_to_links(sockets: &[Socket]) -> Result<(), String> {
     let links: Vec<String> = rlx_tb::discover()
         .map_err(|e| format!("the Thunderbolt links: {e}"))?
         .into_iter()
         .map(|link| link.name)
         .collect();
-    let out = Command::new("ss")
-        .arg("-tanH")
-        .output()
-        .map_err(|e| format!("ss, to read the sockets' pinning back: {e}"))?;
-    let table = String::from_utf8_lossy(&out.stdout);
-    let mut established = 0;
-    for line in table.lines().filter(|l| !l.trim().is_empty()) {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let (state, local) = match fields.as_slice() {
-            [state, _, _, local, ..] => (*state, *local),
-            _ => return Err(format!("an unreadable ss line: {line:?}")),
-        };
-        let device = local
-            .rsplit_once(':')
-            .and_then(|(addr, _)| addr.split_once('%'))
-            .map(|(_, device)| device.trim_end_matches(']'));
-        if !device.is_some_and(|d| links.iter().any(|link| link == d)) {
-            return Err(format!(
-                "a socket is not pinned to a Thunderbolt link ({}): {line:?}",
-                links.join(", ")
-            ));
-        }
-        established += usize::from(state == "ESTAB");
+    if let Some(loose) = sockets
+        .iter()
+        .find(|s| !s.device.as_ref().is_some_and(|d| links.contains(d)))
+    {
+        return Err(format!(
+            "a socket from {} to {} is not pinned to a Thunderbolt link ({})",
+            loose.local,
+            loose.peer,
+            links.join(", ")
+        ));
     }
-    if established == 0 {
-        return Err(format!("ss lists no established connection: {table:?}"));
+    if !sockets.iter().any(|s| s.state == "ESTAB") {
+        return Err("ss lists no established connection".to_owned());
     }
     Ok(())
 }

@@ -110,10 +110,10 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), String> {
     if args.rejoin {
         rank_args.push("--rejoin".to_owned());
     }
-    // Over namespaces, the TCP transport learns the cabling from the ranks' networks, and its
-    // rings must follow the cables.
+    // Over namespaces, the TCP and Thunderbolt transports learn the cabling from the ranks'
+    // networks, and their rings must follow the cables.
     let links = &args.world.links;
-    if links.netns && args.world.transport == TransportKind::Tcp {
+    if links.netns && matches!(args.world.transport, TransportKind::Tcp | TransportKind::Tb) {
         rank_args.extend([
             "--routed-ring-hops".to_owned(),
             links.topology.routed_ring_hops().to_string(),

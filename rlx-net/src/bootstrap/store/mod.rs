@@ -15,4 +15,7 @@ pub(super) use server::serve_store;
 // The client's exchange and the codec are the crate's too: `crate::fuzzing` drives both ends
 // of the protocol.
 pub(crate) use client::exchange as store_exchange;
-pub(crate) use wire::{Registration, encode_registration, read_registration, store_reply};
+pub(crate) use wire::{
+    Registration, encode_networks, encode_registration, read_networks, read_registration,
+    store_reply,
+};

@@ -125,15 +125,22 @@ fn put_reachability(out: &mut Vec<u8>, reg: &Registration) {
     for a in reg.addrs.iter().take(MAX_ADDRS) {
         put_addr(out, a);
     }
-    out.push(reg.networks.len().min(MAX_NETWORKS) as u8);
-    for network in reg.networks.iter().take(MAX_NETWORKS) {
-        put_network(out, network);
-    }
+    out.extend(encode_networks(&reg.networks));
     out.push(u8::from(reg.listens_everywhere));
 }
 
-/// The networks after a registration's addresses.
-fn read_networks(r: &mut impl Read) -> io::Result<Vec<Subnet>> {
+/// A list of networks led by its length (at most [`MAX_NETWORKS`]), as a registration carries
+/// them and as ranks of a hostfile rendezvous exchange them over their links.
+pub(crate) fn encode_networks(networks: &[Subnet]) -> Vec<u8> {
+    let mut out = vec![networks.len().min(MAX_NETWORKS) as u8];
+    for network in networks.iter().take(MAX_NETWORKS) {
+        put_network(&mut out, network);
+    }
+    out
+}
+
+/// The networks after a registration's addresses, or one rank's list over a link.
+pub(crate) fn read_networks(r: &mut impl Read) -> io::Result<Vec<Subnet>> {
     let mut n = [0u8; 1];
     r.read_exact(&mut n)?;
     if usize::from(n[0]) > MAX_NETWORKS {
