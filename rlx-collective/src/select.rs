@@ -11,6 +11,17 @@
 //!   [`LARGE_SEGMENT_BYTES`] (1 MiB) at 256 MiB, so buffers above [`LARGE_MESSAGE_BYTES`]
 //!   (64 MiB) use the larger segments; 64 KiB segments were worst everywhere (too many
 //!   system calls per byte).
+//! - On a group of [`HALVING_DOUBLING_MIN_RANKS`] (8) or more without cables (a switch, one
+//!   host), all-reduces above the small sizes up to [`HALVING_DOUBLING_MAX_BYTES`] (1 MiB)
+//!   take [`Algorithm::HalvingDoubling`]: the ring's 2(n-1) latencies are what bound them there,
+//!   and halving and doubling pay 2·log2 n. Measured on 8 ranks in network namespaces on a
+//!   1 Gbit/s switch (two runs, interleaved): 64 KiB in 0.77-0.87 ms against the ring's
+//!   1.51-1.53 ms; 256 KiB to 4 MiB within 2 % of the ring, both at the link's bound. The
+//!   simulator (`cargo xtask simulate`, 10 Gbit/s switch, 5 µs latency) predicts 64 KiB on 64
+//!   ranks in 187 µs against 985 and on 256 ranks in 217 against 3675, and 1 MiB on 256
+//!   ranks in 1.78 ms against 5.24. Above 1 MiB the latencies are a small share, and on 8
+//!   ranks sharing two cores of one host the ring's pipeline was up to twice as fast at 4-16
+//!   MiB, so the ring keeps them.
 //! - A broadcast to two ranks is one message whatever the algorithm, so it stays binomial.
 //! - [`Algorithm::OneSidedRing`] (all-reduce through the symmetric heap) is never chosen by
 //!   `Auto`, because it was slower than the two-sided ring in every measurement.
@@ -41,6 +52,12 @@ use rlx_transport::MAX_SEGMENT_HINT;
 
 /// Largest buffer (bytes) that takes the latency-optimal algorithms.
 pub const SMALL_MESSAGE_BYTES: usize = 32 * 1024;
+/// The fewest members of a flat group whose mid-size all-reduces take
+/// [`Algorithm::HalvingDoubling`].
+pub const HALVING_DOUBLING_MIN_RANKS: u32 = 8;
+/// Largest all-reduce buffer (bytes) that takes [`Algorithm::HalvingDoubling`] on a large
+/// flat group.
+pub const HALVING_DOUBLING_MAX_BYTES: usize = 1024 * 1024;
 /// Ring segment size for buffers up to [`LARGE_MESSAGE_BYTES`].
 pub const SEGMENT_BYTES: usize = 256 * 1024;
 /// Buffers above this size (bytes) use [`LARGE_SEGMENT_BYTES`] segments.
@@ -123,6 +140,7 @@ impl CollectiveOp {
                 Algorithm::TwoLevel,
                 Algorithm::BidirectionalChain,
                 Algorithm::RecursiveDoubling,
+                Algorithm::HalvingDoubling,
                 Algorithm::OneSidedRing,
             ],
             CollectiveOp::AllGather => &[
@@ -192,6 +210,10 @@ pub enum Algorithm {
     BidirectionalChain,
     /// Recursive doubling with the non-power-of-two fold (all-reduce).
     RecursiveDoubling,
+    /// Rabenseifner's all-reduce: a reduce-scatter by recursive halving and an all-gather by
+    /// recursive doubling, with the same fold. It moves what the ring moves in 2·log2 n steps
+    /// instead of 2(n-1), which pays on large worlds at mid sizes.
+    HalvingDoubling,
     /// Bruck's ⌈log2 n⌉-step all-gather.
     Bruck,
     /// Pairwise-exchange all-to-all: n-1 steps, each a permutation of the ranks.
@@ -222,6 +244,7 @@ impl Algorithm {
             Algorithm::TwoLevel => "two_level",
             Algorithm::BidirectionalChain => "bidirectional_chain",
             Algorithm::RecursiveDoubling => "recursive_doubling",
+            Algorithm::HalvingDoubling => "halving_doubling",
             Algorithm::Bruck => "bruck",
             Algorithm::Pairwise => "pairwise",
             Algorithm::BinomialTree => "binomial_tree",
@@ -256,7 +279,8 @@ pub(crate) struct Settings {
 /// `group::cabling`). The shapes exclude each other.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) enum CableShape {
-    /// A switch, one host, no matrix, or cables in no shape below: the flat plans.
+    /// No cable: a switch, one host, or no matrix. The flat plans, halving and doubling among
+    /// them.
     #[default]
     Flat,
     /// A cable joins every pair of three or more members: [`Algorithm::Direct`] above the
@@ -268,6 +292,9 @@ pub(crate) enum CableShape {
     /// A line of cables (see [`crate::cable_path`]): [`Algorithm::BidirectionalChain`] for
     /// all-reduces above the small sizes.
     Line,
+    /// Cables in no shape above (a ring of cables, cables beside a switch): the rings, in the
+    /// order of the cables, never a plan whose partners may be far from each other's cables.
+    OtherCables,
 }
 
 impl Settings {
@@ -328,9 +355,9 @@ impl Settings {
     pub(crate) fn plan() -> String {
         let small = SMALL_MESSAGE_BYTES >> 10;
         format!(
-            "all_reduce: recursive doubling up to {small} KiB per rank, ring above (direct \
-             on a full mesh of cables, two levels on islands of cables, both ways along a line \
-             of cables); all_gather: Bruck up to {small} KiB gathered, ring \
+            "all_reduce: recursive doubling up to {small} KiB per rank, ring above (halving \
+             and doubling up to 1 MiB on 8 ranks or more, direct on a full mesh of cables, two \
+             levels on islands of cables, both ways along a line of cables); all_gather: Bruck up to {small} KiB gathered, ring \
              above (direct on a mesh); rings in the order of the cables; broadcast: binomial \
              tree up to {small} KiB or on 2 ranks, pipelined chain above"
         )
@@ -346,7 +373,13 @@ impl Settings {
                 CableShape::Mesh => Algorithm::Direct,
                 CableShape::Islands => Algorithm::TwoLevel,
                 CableShape::Line => Algorithm::BidirectionalChain,
-                CableShape::Flat => Algorithm::Ring,
+                CableShape::Flat
+                    if world >= HALVING_DOUBLING_MIN_RANKS
+                        && bytes <= HALVING_DOUBLING_MAX_BYTES =>
+                {
+                    Algorithm::HalvingDoubling
+                }
+                CableShape::Flat | CableShape::OtherCables => Algorithm::Ring,
             },
             forced => forced,
         };
@@ -427,6 +460,11 @@ mod tests {
         assert_eq!(s.all_reduce(8, 4), Algorithm::RecursiveDoubling);
         assert_eq!(s.all_reduce(32 * 1024, 4), Algorithm::RecursiveDoubling);
         assert_eq!(s.all_reduce(32 * 1024 + 1, 4), Algorithm::Ring);
+        // Large flat worlds take halving and doubling at mid sizes, the ring above.
+        assert_eq!(s.all_reduce(32 * 1024 + 1, 7), Algorithm::Ring);
+        assert_eq!(s.all_reduce(32 * 1024 + 1, 8), Algorithm::HalvingDoubling);
+        assert_eq!(s.all_reduce(1 << 20, 64), Algorithm::HalvingDoubling);
+        assert_eq!(s.all_reduce((1 << 20) + 1, 64), Algorithm::Ring);
         assert_eq!(s.segment_bytes(32 << 20, 4, None), SEGMENT_BYTES);
         assert_eq!(s.segment_bytes(256 << 20, 4, None), LARGE_SEGMENT_BYTES);
         // A transport's hint raises the segment, never lowers it.

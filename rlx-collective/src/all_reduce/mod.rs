@@ -6,6 +6,7 @@
 pub(crate) mod bidirectional_chain;
 pub(crate) mod compressed;
 pub(crate) mod direct;
+pub(crate) mod halving_doubling;
 pub(crate) mod one_sided;
 pub(crate) mod recursive_doubling;
 pub(crate) mod ring;
@@ -47,6 +48,7 @@ pub(crate) fn run(
     ctx.record_algorithm(algorithm.name());
     match algorithm {
         Algorithm::RecursiveDoubling => recursive_doubling::run(ctx, data, dtype, reduce),
+        Algorithm::HalvingDoubling => halving_doubling::run(ctx, data, dtype, reduce),
         Algorithm::Ring | Algorithm::RankOrderRing => {
             let seat = ctx.ring_seat(algorithm);
             ctx.record_ring(&seat);

@@ -3,7 +3,7 @@
 //! settings `Auto` chooses by; and which algorithms that follow the cables the group can run.
 //! Made once, when the group is, and said at `info`.
 
-use rlx_transport::Topology;
+use rlx_transport::{Reach, Topology};
 
 use crate::cable_path::CablePath;
 use crate::islands::Islands;
@@ -18,6 +18,8 @@ pub(super) struct CablePlan {
     islands: Option<Islands>,
     chain: Option<CablePath>,
     cabled_mesh: bool,
+    /// Whether a cable joins some members (the flat plans are for switches and one host).
+    any_cable: bool,
 }
 
 impl CablePlan {
@@ -28,6 +30,9 @@ impl CablePlan {
             islands: Islands::find(topology, size),
             chain: CablePath::find(topology, size),
             cabled_mesh: topology.is_some_and(Topology::is_cable_mesh),
+            any_cable: topology.is_some_and(|t| {
+                (0..size).any(|a| (a + 1..size).any(|b| t.reach(a, b) == Reach::Cable))
+            }),
         };
         plan.say(topology, size, group_id);
         plan
@@ -79,6 +84,8 @@ impl CablePlan {
             CableShape::Islands
         } else if self.chain.is_some() {
             CableShape::Line
+        } else if self.any_cable {
+            CableShape::OtherCables
         } else {
             CableShape::Flat
         };

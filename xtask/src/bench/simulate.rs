@@ -51,6 +51,9 @@ pub(crate) struct SimulateArgs {
     /// are skipped.
     #[arg(long, default_value_t = 4.0)]
     memory_gib: f64,
+    /// Force algorithms, as for bench: OP=ALGORITHM[,...] (e.g. all_reduce=halving_doubling).
+    #[arg(long, default_value = "")]
+    algorithm: String,
     /// Writes the rows as JSON to this file too.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -94,7 +97,7 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), String> {
     for &op in &ops {
         for &n in &ranks {
             for &bytes in &sizes {
-                let row = simulate_row(model, op, n, bytes, args.memory_gib);
+                let row = simulate_row(model, op, n, bytes, args.memory_gib, &args.algorithm);
                 print_row(&row);
                 rows.push(row);
             }
@@ -167,8 +170,16 @@ fn bound_micros(model: Model, op: BenchOp, ranks: u32, bytes: u64) -> f64 {
     (wire + rounds * model.latency.as_secs_f64()) * 1e6
 }
 
-/// Simulates `op` on `bytes` over a fresh world of `ranks` ranks.
-fn simulate_row(model: Model, op: BenchOp, ranks: u32, bytes: u64, memory_gib: f64) -> Row {
+/// Simulates `op` on `bytes` over a fresh world of `ranks` ranks, with the algorithms
+/// `algorithm` forces (as for bench; empty for `Auto`).
+fn simulate_row(
+    model: Model,
+    op: BenchOp,
+    ranks: u32,
+    bytes: u64,
+    memory_gib: f64,
+    algorithm: &str,
+) -> Row {
     let dtype = DType::F32;
     let count = measure::count_for(op, bytes, dtype, ranks);
     let step = Step {
@@ -197,7 +208,7 @@ fn simulate_row(model: Model, op: BenchOp, ranks: u32, bytes: u64, memory_gib: f
         ));
         return row;
     }
-    match run_world(model, ranks, &step) {
+    match run_world(model, ranks, &step, algorithm) {
         Ok(micros) => {
             row.micros = Some(micros);
             row.busbw = Some(measure::bandwidths(op, step.bytes(), micros, ranks).1);
@@ -208,7 +219,7 @@ fn simulate_row(model: Model, op: BenchOp, ranks: u32, bytes: u64, memory_gib: f
 }
 
 /// Runs `step` once on every rank of a fresh simulated world; the slowest rank's virtual time.
-fn run_world(model: Model, ranks: u32, step: &Step) -> Result<f64, String> {
+fn run_world(model: Model, ranks: u32, step: &Step, algorithm: &str) -> Result<f64, String> {
     let world = SimTransport::fan_out(ranks, model);
     let replies: Vec<Result<Reply, String>> = std::thread::scope(|scope| {
         let handles: Vec<_> = world
@@ -220,6 +231,7 @@ fn run_world(model: Model, ranks: u32, step: &Step) -> Result<f64, String> {
                     .spawn_scoped(scope, move || {
                         let clock = Arc::clone(&transport);
                         let group = ProcessGroup::new(transport as Arc<dyn Transport>);
+                        crate::ranks::force_algorithms(&group, algorithm)?;
                         worker::run_step(&group, step, &|| clock.now()).map_err(|e| e.to_string())
                     })
             })
@@ -299,7 +311,7 @@ mod tests {
             Duration::from_micros(1),
         );
         for ranks in [2, 5, 16] {
-            let row = simulate_row(model, BenchOp::AllReduce, ranks, 1 << 20, 1.0);
+            let row = simulate_row(model, BenchOp::AllReduce, ranks, 1 << 20, 1.0, "");
             let micros = row.micros.unwrap_or_else(|| panic!("{:?}", row.note));
             assert!(
                 micros >= row.bound_micros,
@@ -307,8 +319,38 @@ mod tests {
                 row.bound_micros
             );
             // The same world again takes exactly the same virtual time.
-            let again = simulate_row(model, BenchOp::AllReduce, ranks, 1 << 20, 1.0);
+            let again = simulate_row(model, BenchOp::AllReduce, ranks, 1 << 20, 1.0, "");
             assert_eq!(again.micros, row.micros, "{ranks} ranks");
+        }
+    }
+
+    /// Where `Auto` takes halving and doubling over the ring on a switch (8 ranks or more, up
+    /// to 1 MiB), the simulator finds it the faster of the two. Elsewhere the simulator, which
+    /// charges nothing for reducing and cannot judge the ring's pipeline, gives halving and
+    /// doubling an edge of 1-13 % (below 8 ranks) or 3 % (above 1 MiB) that the measurements
+    /// on one host did not confirm, so those choices are left to measurement.
+    #[test]
+    fn auto_runs_the_faster_all_reduce_where_it_chooses_on_a_switch() {
+        let model = Model::new(
+            Shape::Star,
+            10e9,
+            Duration::from_micros(5),
+            Duration::from_micros(1),
+        );
+        let time = |ranks: u32, bytes: u64, algorithm: &str| {
+            let row = simulate_row(model, BenchOp::AllReduce, ranks, bytes, 1.0, algorithm);
+            row.micros
+                .unwrap_or_else(|| panic!("{algorithm}: {:?}", row.note))
+        };
+        for (ranks, bytes) in [(8, 64 << 10), (8, 1 << 20), (32, 256 << 10), (64, 64 << 10)] {
+            let auto = time(ranks, bytes, "");
+            let ring = time(ranks, bytes, "all_reduce=ring");
+            let halving = time(ranks, bytes, "all_reduce=halving_doubling");
+            assert!(
+                auto <= ring.min(halving),
+                "{ranks} ranks, {bytes} bytes: auto {auto} µs, ring {ring}, halving and \
+                 doubling {halving}"
+            );
         }
     }
 }

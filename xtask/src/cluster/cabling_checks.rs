@@ -177,6 +177,7 @@ fn planned_for(group: &ProcessGroup, declared: &Cabling) -> Result<(), String> {
         Shape::Mesh if n >= 3 => &["direct"],
         Shape::Islands { count, size } if count >= 2 && size >= 2 => &["two_level"],
         Shape::Chain if n >= 3 => &["bidirectional_chain"],
+        Shape::Star if n >= 8 => &["halving_doubling"],
         _ => &["ring", "ring in cable order"],
     };
     let mut data = vec![1.0f32; PLANNED_ELEMENTS];
