@@ -17,6 +17,51 @@ pub(crate) fn balanced(count: usize, parts: usize, index: usize) -> Range<usize>
     at(index)..at(index + 1)
 }
 
+/// How the logarithmic all-reduces fold a world of n ranks onto p, the largest power of two
+/// not above n: with rem = n - p, the first 2·rem ranks pair up, each even one handing its
+/// buffer to its odd neighbour and sitting out; the p ranks left are numbered 0..p (their
+/// virtual ranks).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PowerOfTwoFold {
+    /// p.
+    pub(crate) pof2: u32,
+    rem: u32,
+}
+
+impl PowerOfTwoFold {
+    /// The fold of a world of `n` ranks (at least one).
+    pub(crate) fn of(n: u32) -> PowerOfTwoFold {
+        let pof2 = 1u32 << (31 - n.max(1).leading_zeros());
+        PowerOfTwoFold {
+            pof2,
+            rem: n.max(1) - pof2,
+        }
+    }
+
+    /// Whether rank `r` is one of a pair of the fold.
+    pub(crate) fn pairs(&self, r: u32) -> bool {
+        r < 2 * self.rem
+    }
+
+    /// Rank `r`'s virtual rank, or `None` for an even rank of a pair, which sits out.
+    pub(crate) fn virtual_rank(&self, r: u32) -> Option<u32> {
+        match self.pairs(r) {
+            true if r % 2 == 0 => None,
+            true => Some(r / 2),
+            false => Some(r - self.rem),
+        }
+    }
+
+    /// The rank whose virtual rank is `v`.
+    pub(crate) fn real_rank(&self, v: u32) -> u32 {
+        if v < self.rem {
+            2 * v + 1
+        } else {
+            v + self.rem
+        }
+    }
+}
+
 /// `data[send]` to read and `data[recv]` to write at the same time, for an exchange step whose
 /// outgoing and incoming pieces share one buffer. Overlapping non-empty ranges are refused
 /// (no schedule produces them).
@@ -143,6 +188,22 @@ pub(crate) fn blocks_mut(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fold_pairs_the_first_ranks_and_numbers_the_rest() {
+        let fold = PowerOfTwoFold::of(6);
+        assert_eq!(fold.pof2, 4);
+        let virtual_ranks: Vec<Option<u32>> = (0..6).map(|r| fold.virtual_rank(r)).collect();
+        assert_eq!(
+            virtual_ranks,
+            [None, Some(0), None, Some(1), Some(2), Some(3)]
+        );
+        for r in [1, 3, 4, 5] {
+            assert_eq!(fold.real_rank(fold.virtual_rank(r).unwrap()), r);
+        }
+        let whole = PowerOfTwoFold::of(8);
+        assert!((0..8).all(|r| !whole.pairs(r) && whole.virtual_rank(r) == Some(r)));
+    }
 
     #[test]
     fn balanced_blocks_cover_everything_once() {

@@ -18,7 +18,7 @@
 
 use std::ops::Range;
 
-use crate::layout::{self, send_and_recv};
+use crate::layout::{self, PowerOfTwoFold, send_and_recv};
 use crate::op::OpCtx;
 use crate::scratch::Scratch;
 use crate::{DType, ReduceKind, Result, kernels};
@@ -76,24 +76,19 @@ impl Plan<'_, '_> {
         landing: &mut [u8],
     ) -> Result<()> {
         let (ctx, n, r) = (self.ctx, self.ctx.size(), self.ctx.rank);
-        let pof2 = 1u32 << (31 - n.leading_zeros());
-        let rem = n - pof2;
+        let fold = PowerOfTwoFold::of(n);
+        let pof2 = fold.pof2;
         let elements = data.len() / self.dtype.size();
-        // The fold: even ranks below 2·rem sit out the halving and the doubling.
-        let virtual_rank = if r < 2 * rem {
-            let acc = wide.as_deref_mut().unwrap_or(&mut *data);
-            if r % 2 == 0 {
-                let wide_elements = Arrival::InPlace(self.wsize);
-                self.swap(r + 1, acc, &mut [], landing, wide_elements)?;
-                ctx.recv_into(r + 1, data)?;
-                return Ok(());
-            }
-            self.swap(r - 1, &[], acc, landing, Arrival::Folded)?;
-            r / 2
-        } else {
-            r - rem
+        // The fold: even ranks of its pairs sit out the halving and the doubling.
+        let acc = wide.as_deref_mut().unwrap_or(&mut *data);
+        let Some(virtual_rank) = fold.virtual_rank(r) else {
+            self.swap(r + 1, acc, &mut [], landing, Arrival::InPlace(self.wsize))?;
+            ctx.recv_into(r + 1, data)?;
+            return Ok(());
         };
-        let real_rank = |v: u32| if v < rem { 2 * v + 1 } else { v + rem };
+        if fold.pairs(r) {
+            self.swap(r - 1, &[], acc, landing, Arrival::Folded)?;
+        }
         let blocks = Blocks {
             elements,
             parts: pof2 as usize,
@@ -108,7 +103,7 @@ impl Plan<'_, '_> {
                 blocks.bytes(&given, self.wsize),
                 blocks.bytes(&kept, self.wsize),
             )?;
-            let partner = real_rank(virtual_rank ^ distance);
+            let partner = fold.real_rank(virtual_rank ^ distance);
             self.swap(partner, out, kept_acc, landing, Arrival::Folded)?;
             held = kept;
             distance /= 2;
@@ -123,12 +118,12 @@ impl Plan<'_, '_> {
                 blocks.bytes(&held, esize),
                 blocks.bytes(&theirs, esize),
             )?;
-            let partner = real_rank(virtual_rank ^ distance);
+            let partner = fold.real_rank(virtual_rank ^ distance);
             self.swap(partner, out, into, landing, Arrival::InPlace(esize))?;
             held = held.start.min(theirs.start)..held.end.max(theirs.end);
             distance *= 2;
         }
-        if r < 2 * rem {
+        if fold.pairs(r) {
             ctx.send(r - 1, data)?;
         }
         Ok(())

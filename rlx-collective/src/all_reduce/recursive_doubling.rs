@@ -8,6 +8,7 @@
 //! commutative bit for bit, so all p ranks hold the same accumulator; they narrow it
 //! identically and the odd ranks pass the narrow result back to their even neighbours.
 
+use crate::layout::PowerOfTwoFold;
 use crate::op::OpCtx;
 use crate::{DType, ReduceKind, Result, kernels};
 
@@ -22,37 +23,32 @@ pub(crate) fn run(
     let r = ctx.rank;
     let wsize = kernels::wide_size(dtype)?;
     let wide_len = data.len() / dtype.size() * wsize;
-    let pof2 = 1u32 << (31 - n.leading_zeros());
-    let rem = n - pof2;
+    let fold = PowerOfTwoFold::of(n);
 
     let mut acc = vec![0u8; wide_len];
     kernels::widen(dtype, data, &mut acc)?;
     let mut incoming = vec![0u8; wide_len];
 
-    // The fold: even ranks below 2·rem sit out the exchange.
-    let virtual_rank = if r < 2 * rem {
-        if r % 2 == 0 {
-            ctx.send(r + 1, &acc)?;
-            ctx.recv_into(r + 1, data)?;
-            return Ok(());
-        }
+    // The fold: even ranks of its pairs sit out the exchange.
+    let Some(virtual_rank) = fold.virtual_rank(r) else {
+        ctx.send(r + 1, &acc)?;
+        ctx.recv_into(r + 1, data)?;
+        return Ok(());
+    };
+    if fold.pairs(r) {
         ctx.recv_into(r - 1, &mut incoming)?;
         kernels::accumulate_wide(dtype, reduce, &mut acc, &incoming)?;
-        r / 2
-    } else {
-        r - rem
-    };
-    let real_rank = |v: u32| if v < rem { 2 * v + 1 } else { v + rem };
+    }
 
     let mut mask = 1u32;
-    while mask < pof2 {
-        let partner = real_rank(virtual_rank ^ mask);
+    while mask < fold.pof2 {
+        let partner = fold.real_rank(virtual_rank ^ mask);
         ctx.send_recv_into(partner, &acc, partner, &mut incoming)?;
         kernels::accumulate_wide(dtype, reduce, &mut acc, &incoming)?;
         mask <<= 1;
     }
     kernels::finish(dtype, reduce, n, &acc, data)?;
-    if r < 2 * rem {
+    if fold.pairs(r) {
         ctx.send(r - 1, data)?;
     }
     Ok(())
