@@ -17,7 +17,7 @@ pub const TB_IFNAME_ENV: &str = "RLX_TB_IFNAME";
 pub const VARIABLES: &[Variable] = &[Variable {
     name: TB_IFNAME_ENV,
     backends: &["tb"],
-    default: "detected Thunderbolt links",
+    default: "detected Thunderbolt links; with `--netns --transport tb` over islands or a `+star`, `thunderbolt,eth0`",
     meaning: "the Thunderbolt links, in NCCL syntax, instead of detection",
 }];
 
