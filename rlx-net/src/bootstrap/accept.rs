@@ -127,19 +127,8 @@ pub(super) fn accept_all(
                     let tx = tx.clone();
                     let claimed = &claimed;
                     scope.spawn(move || {
-                        let until = deadline.min(Instant::now() + cfg.hello_timeout);
-                        match handshake_acceptor(cfg, expect, &stream, claimed, until, &slot) {
-                            Ok((rank, link)) => {
-                                // The slot goes first, so that closing the connections still
-                                // in the handshake never closes a link already handed over.
-                                drop(slot);
-                                let _ = tx.send((rank, link, stream));
-                            }
-                            Err(refusal) => {
-                                let _ = stream.shutdown(std::net::Shutdown::Both);
-                                log_refusal(cfg.rank, Some(from), &refusal);
-                            }
-                        }
+                        let accepted = Accepted { stream, from, slot };
+                        accept_one(cfg, expect, accepted, claimed, deadline, &tx);
                     });
                 }
             }
@@ -152,6 +141,74 @@ pub(super) fn accept_all(
         got.push(link);
     }
     Ok(got)
+}
+
+/// A connection a link listener accepted, with its handshake slot.
+struct Accepted<'a> {
+    stream: TcpStream,
+    from: SocketAddr,
+    slot: Slot<'a>,
+}
+
+/// Runs the handshake on one accepted connection (bounded by the hello timeout and
+/// `deadline`) and hands the link to `tx`, or closes the connection and logs its refusal.
+fn accept_one(
+    cfg: &BootConfig,
+    expect: &Expectation<'_>,
+    accepted: Accepted<'_>,
+    claimed: &Mutex<Vec<(u32, u32)>>,
+    deadline: Instant,
+    tx: &mpsc::Sender<Link>,
+) {
+    let Accepted { stream, from, slot } = accepted;
+    let until = deadline.min(Instant::now() + cfg.hello_timeout);
+    match handshake_acceptor(cfg, expect, &stream, claimed, until, &slot) {
+        Ok((rank, link)) => {
+            // The slot goes first, so that closing the connections still in the handshake
+            // never closes a link already handed over.
+            drop(slot);
+            let _ = tx.send((rank, link, stream));
+        }
+        Err(refusal) => {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+            log_refusal(cfg.rank, Some(from), &refusal);
+        }
+    }
+}
+
+/// The claims of the links accepted so far, as (rank, link): one connection per pair.
+struct Claim<'a> {
+    claimed: &'a Mutex<Vec<(u32, u32)>>,
+    me: (u32, u32),
+}
+
+impl Claim<'_> {
+    /// Claims the connector's rank and link, or refuses a duplicate.
+    fn take(&self) -> Result<(), Refusal> {
+        let mut claimed = self
+            .claimed
+            .lock()
+            .map_err(|_| Refusal::new(RefusalCode::Other, "lock"))?;
+        if claimed.contains(&self.me) {
+            return Err(Refusal::new(
+                RefusalCode::Duplicate,
+                format!(
+                    "duplicate rank {} (link {} is already connected)",
+                    self.me.0, self.me.1
+                ),
+            ));
+        }
+        claimed.push(self.me);
+        Ok(())
+    }
+
+    /// Gives the claim up for `refusal`, which it passes on.
+    fn release(&self, refusal: Refusal) -> Refusal {
+        if let Ok(mut c) = self.claimed.lock() {
+            c.retain(|&x| x != self.me);
+        }
+        refusal
+    }
 }
 
 /// The acceptor's half of the handshake on `stream`, which must end by `until`; returns the
@@ -187,38 +244,16 @@ fn handshake_acceptor(
             "evicted before its hello was checked",
         ));
     }
-    let me = (hello.rank, hello.link);
-    let duplicate = || {
-        Refusal::new(
-            RefusalCode::Duplicate,
-            format!(
-                "duplicate rank {} (link {} is already connected)",
-                hello.rank, hello.link
-            ),
-        )
+    let claim = Claim {
+        claimed,
+        me: (hello.rank, hello.link),
     };
-    // Claims the connector's rank and link, or refuses a duplicate.
-    let claim = || -> Result<(), Refusal> {
-        let mut claimed = claimed
-            .lock()
-            .map_err(|_| Refusal::new(RefusalCode::Other, "lock"))?;
-        if claimed.contains(&me) {
-            return Err(duplicate());
-        }
-        claimed.push(me);
-        Ok(())
-    };
-    let release = |refusal: Refusal| {
-        if let Ok(mut c) = claimed.lock() {
-            c.retain(|&x| x != me);
-        }
-        refusal
-    };
+    let release = |refusal: Refusal| claim.release(refusal);
     // Without a secret the hello is all there is to go by. With one, the rank and link are
     // claimed only once the connector proved it holds the secret, so that a stranger who
     // knows the job id cannot take a rank's place and have the real rank refused.
     if cfg.secret.is_none() {
-        claim().map_err(refuse)?;
+        claim.take().map_err(refuse)?;
     }
     // Without randomness the connection is refused rather than answered with a guessable nonce.
     let nonce = random_bytes::<16>()
@@ -238,23 +273,12 @@ fn handshake_acceptor(
         .map_err(other)
         .map_err(release)?;
     if let Some(secret) = &cfg.secret {
-        let mut theirs = [0u8; MAC_LEN];
-        from.read_exact(&mut theirs).map_err(other)?;
-        if !handshake::verify_mac(secret, Side::Connector, &hello_bytes, &nonce, &theirs) {
-            let _ = s.write_all(&[VERDICT_BAD_PROOF]);
-            return Err(Refusal::new(
-                RefusalCode::Secret,
-                format!(
-                    "rank {} failed to prove it holds RLX_JOB_SECRET",
-                    hello.rank
-                ),
-            ));
-        }
-        if let Err(refusal) = claim() {
-            let _ = s.write_all(&[VERDICT_DUPLICATE]);
-            return Err(refusal);
-        }
-        s.write_all(&[VERDICT_OK]).map_err(other).map_err(release)?;
+        let proof = Proof {
+            secret,
+            hello: &hello_bytes,
+            nonce: &nonce,
+        };
+        proof.check(&mut from, stream, &claim, hello.rank)?;
     }
     stream
         .set_read_timeout(None)
@@ -264,5 +288,51 @@ fn handshake_acceptor(
         .set_write_timeout(None)
         .map_err(other)
         .map_err(release)?;
-    Ok(me)
+    Ok(claim.me)
+}
+
+/// What the connector must prove it holds the job secret for: its hello and this side's
+/// nonce.
+struct Proof<'a> {
+    secret: &'a [u8],
+    hello: &'a [u8; HELLO_LEN],
+    nonce: &'a [u8; 16],
+}
+
+impl Proof<'_> {
+    /// Reads the connector's MAC from `from`, checks it, claims the link only then (so that a
+    /// stranger who knows the job id cannot take a rank's place) and answers the verdict.
+    fn check(
+        &self,
+        from: &mut impl Read,
+        stream: &TcpStream,
+        claim: &Claim<'_>,
+        rank: u32,
+    ) -> Result<(), Refusal> {
+        let other =
+            |e: io::Error| Refusal::new(RefusalCode::Other, format!("handshake failed: {e}"));
+        let mut s = stream;
+        let mut theirs = [0u8; MAC_LEN];
+        from.read_exact(&mut theirs).map_err(other)?;
+        if !handshake::verify_mac(
+            self.secret,
+            Side::Connector,
+            self.hello,
+            self.nonce,
+            &theirs,
+        ) {
+            let _ = s.write_all(&[VERDICT_BAD_PROOF]);
+            return Err(Refusal::new(
+                RefusalCode::Secret,
+                format!("rank {rank} failed to prove it holds RLX_JOB_SECRET"),
+            ));
+        }
+        if let Err(refusal) = claim.take() {
+            let _ = s.write_all(&[VERDICT_DUPLICATE]);
+            return Err(refusal);
+        }
+        s.write_all(&[VERDICT_OK])
+            .map_err(other)
+            .map_err(|r| claim.release(r))
+    }
 }

@@ -2,7 +2,7 @@
 //! secret, proved that it holds it), then answers everyone with the table.
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -18,7 +18,7 @@ use super::wire::{
 use crate::bootstrap::accept::{log_refusal, missing_ranks_timeout};
 use crate::bootstrap::address::public_address;
 use crate::bootstrap::config::BootConfig;
-use crate::bootstrap::slots::Slots;
+use crate::bootstrap::slots::{Slot, Slots};
 use crate::bootstrap::socket::{Deadline, listen, unspecified, vet_accepted};
 
 /// Rank 0: hosts the store until every rank registered, answers everyone with the table, and
@@ -39,9 +39,29 @@ pub(in crate::bootstrap) fn serve_store(
             "rank 0 cannot host the rendezvous store on port {port}: {e}"
         ))
     })?;
+    let mut entries = gather(cfg, &listener, deadline)?;
+    let table = table_of(&entries, me)?;
+    let reply = store_reply(Ok(&table));
+    for (stream, ..) in entries.iter_mut().flatten() {
+        let mut s = &*stream;
+        let _ = s.write_all(&reply);
+    }
+    Ok(table)
+}
+
+/// Per rank: the connection, what it registered, how the store saw it (the peer's address)
+/// and where it arrived (the store's address on that connection).
+type Entry = (TcpStream, Registration, Option<IpAddr>, Option<IpAddr>);
+
+/// Accepts registrations on `listener` until every other rank has one or `deadline` passes,
+/// each connection vetted by the socket hook, admitted to a handshake slot and read on a
+/// thread of its own.
+fn gather(
+    cfg: &BootConfig,
+    listener: &TcpListener,
+    deadline: Instant,
+) -> Result<Vec<Option<Entry>>, CollectiveError> {
     let world = cfg.world as usize;
-    // Per rank: the connection, what it registered, how the store saw it.
-    type Entry = (TcpStream, Registration, Option<IpAddr>, Option<IpAddr>);
     let entries: Mutex<Vec<Option<Entry>>> = Mutex::new((0..world).map(|_| None).collect());
     let count = |e: &Mutex<Vec<Option<Entry>>>| e.lock().map_or(0, |v| v.iter().flatten().count());
     let slots = Slots::new(
@@ -85,85 +105,89 @@ pub(in crate::bootstrap) fn serve_store(
                     continue;
                 };
                 let entries = &entries;
-                scope.spawn(move || {
-                    let _ = stream.set_nonblocking(false);
-                    let _ = stream.set_write_timeout(Some(cfg.hello_timeout));
-                    let until = deadline.min(Instant::now() + cfg.hello_timeout);
-                    let refuse = |refusal: Refusal| {
-                        let mut s = &stream;
-                        let _ = s.write_all(&store_reply(Err(&refusal)));
-                        let _ = stream.shutdown(std::net::Shutdown::Both);
-                        log_refusal(0, Some(from), &refusal);
-                    };
-                    let (rank, reg) = match admit_registration(cfg, &stream, until) {
-                        Ok(admitted) => admitted,
-                        Err(refusal) => return refuse(refusal),
-                    };
-                    // A connection evicted while its registration was read was told so, and
-                    // registers again.
-                    if !slot.identified() {
-                        return;
-                    }
-                    // The slot goes before the connection joins the entries, so that closing
-                    // the connections still in the handshake spares it.
-                    drop(slot);
-                    let Ok(mut e) = entries.lock() else { return };
-                    if e[rank as usize].is_some() {
-                        drop(e);
-                        return refuse(Refusal::new(
-                            RefusalCode::Duplicate,
-                            format!("duplicate rank {rank}: another process registered it first"),
-                        ));
-                    }
-                    let _ = stream.set_read_timeout(None);
-                    let observed = stream.peer_addr().ok().map(|a| a.ip());
-                    let via = stream.local_addr().ok().map(|a| a.ip());
-                    e[rank as usize] = Some((stream, reg, observed, via));
-                });
+                scope.spawn(move || register_one(cfg, stream, from, slot, entries, deadline));
             }
         };
         // Unblock registrations still waiting on strangers so the scope can end.
         slots.close_all();
         result
     });
-    let mut entries = entries
+    let entries = entries
         .into_inner()
         .map_err(|_| CollectiveError::config("store lock poisoned"))?;
-    result?;
+    result.map(|()| entries)
+}
+
+/// Reads one connection's registration and, when it is admitted and its rank still free,
+/// files it in `entries`; a refusal is answered, logged and the connection closed.
+fn register_one(
+    cfg: &BootConfig,
+    stream: TcpStream,
+    from: SocketAddr,
+    slot: Slot<'_>,
+    entries: &Mutex<Vec<Option<Entry>>>,
+    deadline: Instant,
+) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_write_timeout(Some(cfg.hello_timeout));
+    let until = deadline.min(Instant::now() + cfg.hello_timeout);
+    let refuse = |refusal: Refusal| {
+        let mut s = &stream;
+        let _ = s.write_all(&store_reply(Err(&refusal)));
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+        log_refusal(0, Some(from), &refusal);
+    };
+    let (rank, reg) = match admit_registration(cfg, &stream, until) {
+        Ok(admitted) => admitted,
+        Err(refusal) => return refuse(refusal),
+    };
+    // A connection evicted while its registration was read was told so, and registers again.
+    if !slot.identified() {
+        return;
+    }
+    // The slot goes before the connection joins the entries, so that closing the connections
+    // still in the handshake spares it.
+    drop(slot);
+    let Ok(mut e) = entries.lock() else { return };
+    if e[rank as usize].is_some() {
+        drop(e);
+        return refuse(Refusal::new(
+            RefusalCode::Duplicate,
+            format!("duplicate rank {rank}: another process registered it first"),
+        ));
+    }
+    let _ = stream.set_read_timeout(None);
+    let observed = stream.peer_addr().ok().map(|a| a.ip());
+    let via = stream.local_addr().ok().map(|a| a.ip());
+    e[rank as usize] = Some((stream, reg, observed, via));
+}
+
+/// The table every rank gets: rank 0's registration `me` and every other rank's, each address
+/// made one the others can use (see `public_address`).
+fn table_of(
+    entries: &[Option<Entry>],
+    me: Registration,
+) -> Result<Vec<Registration>, CollectiveError> {
     let remote_via = entries
         .iter()
         .flatten()
         .find(|(_, _, observed, _)| observed.is_some_and(|ip| !ip.is_loopback()))
         .and_then(|(_, _, _, via)| *via);
-    let mut table = Vec::with_capacity(world);
+    let mut table = Vec::with_capacity(entries.len());
     for (rank, slot) in entries.iter().enumerate() {
-        let reg = match slot {
-            _ if rank == 0 => {
-                let mut me = me.clone();
-                for a in &mut me.addrs {
-                    *a = public_address(*a, remote_via);
-                }
-                me
-            }
-            Some((_, reg, observed, _)) => {
-                let mut reg = reg.clone();
-                for a in &mut reg.addrs {
-                    *a = public_address(*a, *observed);
-                }
-                reg
-            }
+        let (mut reg, seen) = match slot {
+            _ if rank == 0 => (me.clone(), remote_via),
+            Some((_, reg, observed, _)) => (reg.clone(), *observed),
             None => {
                 return Err(CollectiveError::config(format!(
                     "rank {rank} never registered"
                 )));
             }
         };
+        for a in &mut reg.addrs {
+            *a = public_address(*a, seen);
+        }
         table.push(reg);
-    }
-    let reply = store_reply(Ok(&table));
-    for (stream, ..) in entries.iter_mut().flatten() {
-        let mut s = &*stream;
-        let _ = s.write_all(&reply);
     }
     Ok(table)
 }
