@@ -85,6 +85,9 @@ pub(crate) fn kernel_route(dest: SocketAddr) -> io::Result<IpAddr> {
     Ok(udp.local_addr()?.ip())
 }
 
+/// Which addresses of each hostfile entry rank `me` uses (one list per rank).
+type UsableAddresses = fn(table: &[Vec<SocketAddr>], me: usize) -> Vec<Vec<SocketAddr>>;
+
 /// The Thunderbolt links of this rank, the other interfaces (to name them in errors) and the
 /// home link; decides which link a socket is pinned to.
 #[derive(Clone)]
@@ -97,7 +100,7 @@ pub(crate) struct LinkMap {
     route_interface: fn(SocketAddr) -> Option<String>,
     /// The addresses of a peer's hostfile entry that are used
     /// (`rlx_transport::hostfile::usable_from_here`; tests give their own).
-    usable: fn(&[SocketAddr]) -> Vec<SocketAddr>,
+    usable: UsableAddresses,
 }
 
 impl fmt::Debug for LinkMap {
@@ -394,11 +397,12 @@ fn plan_hostfile(
             map.home = map.position(link);
         }
     }
-    for (peer, entry) in table.iter().enumerate() {
+    let used = (map.usable)(table, rank as usize);
+    for (peer, entry) in used.iter().enumerate() {
         if peer == rank as usize {
             continue;
         }
-        for addr in (map.usable)(entry) {
+        for &addr in entry {
             map.for_peer(addr, route).map_err(|why| {
                 refuse(format!(
                     "rank {rank} cannot reach rank {peer} at {addr} over Thunderbolt: {why}"

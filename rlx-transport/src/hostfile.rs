@@ -60,15 +60,21 @@ pub fn usable_addresses(
     }
 }
 
-/// [`usable_addresses`] with this host's networks and routing table.
-pub fn usable_from_here(listed: &[SocketAddr]) -> Vec<SocketAddr> {
-    if listed.len() < 2 {
-        return listed.to_vec();
-    }
+/// [`usable_addresses`] for every entry of `table` but rank `me`'s own (which it listens on
+/// whole), with this host's networks, read once, and its routing table.
+pub fn usable_from_here(table: &[Vec<SocketAddr>], me: usize) -> Vec<Vec<SocketAddr>> {
     let here = networks_here();
-    usable_addresses(listed, &here, &|addr| {
-        interfaces::route_source(addr).is_some()
-    })
+    let routed = |addr| interfaces::route_source(addr).is_some();
+    (0..)
+        .zip(table)
+        .map(|(rank, listed)| {
+            if rank == me || listed.len() < 2 {
+                listed.clone()
+            } else {
+                usable_addresses(listed, &here, &routed)
+            }
+        })
+        .collect()
 }
 
 /// Whether `addr` is reached without a router: on this host, on a scoped link, or in one of

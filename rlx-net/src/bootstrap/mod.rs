@@ -124,18 +124,16 @@ fn by_hostfile(cfg: &BootConfig, entries: &[Vec<String>]) -> Result<Rendezvoused
         )));
     }
     let mut table = Vec::with_capacity(entries.len());
-    for (rank, entry) in (0u32..).zip(entries) {
+    for entry in entries {
         let mut addrs = Vec::new();
         for a in entry {
             addrs.push(resolve(a)?[0]);
         }
-        // A peer's links go to the addresses of its entry this host reaches best; its own
-        // are all listened on.
-        if rank != cfg.rank {
-            addrs = rlx_transport::hostfile::usable_from_here(&addrs);
-        }
         table.push(addrs);
     }
+    // A peer's links go to the addresses of its entry this host reaches best; this rank's own
+    // are all listened on.
+    let table = rlx_transport::hostfile::usable_from_here(&table, cfg.rank as usize);
     let mut listeners = Vec::new();
     for addr in &table[cfg.rank as usize] {
         let setup = cfg.socket_setup.as_ref();

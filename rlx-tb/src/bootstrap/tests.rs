@@ -21,7 +21,7 @@ fn host() -> LinkMap {
     let lo = iface("lo", 1, &["127.0.0.1"], false);
     let mut map = LinkMap::new(vec![tb0.clone(), tb1.clone()], vec![lo, eth, tb0, tb1]).unwrap();
     // Every listed address is used, whatever this test host's own networks are.
-    map.usable = <[SocketAddr]>::to_vec;
+    map.usable = |table, _| table.to_vec();
     map
 }
 
@@ -229,11 +229,14 @@ fn a_hostfile_of_cable_ends_checks_only_the_addresses_used() {
         vec![sa("10.9.0.2:5000"), sa("10.2.0.7:5000")],
     ]);
     let mut map = identity_host();
-    map.usable = |entry| {
-        let shared = entry
-            .iter()
-            .filter(|a| a.ip().to_string().starts_with("10.2."));
-        shared.copied().collect()
+    map.usable = |table, _| {
+        let shared = |entry: &Vec<SocketAddr>| {
+            let on_the_cable = entry
+                .iter()
+                .filter(|a| a.ip().to_string().starts_with("10.2."));
+            on_the_cable.copied().collect()
+        };
+        table.iter().map(shared).collect()
     };
     let p = plan(0, &table, map, &identity_route).unwrap();
     assert_eq!(p.map.home().name, "thunderbolt1");
